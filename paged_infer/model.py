@@ -6,7 +6,7 @@
 __all__ = ['SUPPORTED_ARCHITECTURES', 'UnsupportedModelError', 'ModelConfig', 'rope_inv_freq', 'apply_rope', 'RMSNorm', 'MLP',
            'Attention', 'DecoderLayer', 'LlamaModel', 'LlamaForCausalLM', 'allocate_kv_cache', 'kv_cache_layers']
 
-# %% ../nbs/07_model.ipynb #bdb92a8d
+# %% ../nbs/07_model.ipynb #190c084e
 import math
 from dataclasses import dataclass, field
 
@@ -16,7 +16,7 @@ from torch import nn
 
 from .attention import AttentionMetadata, paged_attention_ref, store_kv
 
-# %% ../nbs/07_model.ipynb #894f0567
+# %% ../nbs/07_model.ipynb #2a6a225f
 class UnsupportedModelError(ValueError):
     "The checkpoint's architecture or one of its settings is not supported by this model."
 
@@ -71,10 +71,10 @@ class ModelConfig:
                    o_bias=(not qwen) and bool(getattr(hf, 'attention_bias', False)),
                    mlp_bias=bool(getattr(hf, 'mlp_bias', False)), sliding_window=window)
 
-# %% ../nbs/07_model.ipynb #3cdc2f4f
+# %% ../nbs/07_model.ipynb #9ae052dd
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
     "Inverse frequencies of the rotary embedding, with Llama 3's or linear scaling applied: (head_dim // 2,) float32."
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device='cpu').float() / head_dim))  # on the CPU even when the model is built on 'meta'
     kind = scaling.get('rope_type', 'default')
     if kind == 'linear': return inv_freq / scaling['factor']
     if kind != 'llama3': return inv_freq
@@ -94,7 +94,7 @@ def apply_rope(x: torch.Tensor,  # (num_tokens, num_heads, head_dim)
     rotated = torch.cat((-x2, x1), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
-# %% ../nbs/07_model.ipynb #59277d06
+# %% ../nbs/07_model.ipynb #52e4126f
 class RMSNorm(nn.Module):
     "Root-mean-square layer norm, computed in float32."
     def __init__(self, dim: int, eps: float):
@@ -117,7 +117,7 @@ class MLP(nn.Module):
 
     def forward(self, x): return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-# %% ../nbs/07_model.ipynb #00a56713
+# %% ../nbs/07_model.ipynb #11ee7ad5
 class Attention(nn.Module):
     "Grouped-query self-attention over the paged KV cache."
     def __init__(self, c: ModelConfig):
@@ -151,7 +151,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, attn_fn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-# %% ../nbs/07_model.ipynb #4b8f75ed
+# %% ../nbs/07_model.ipynb #52b26c84
 class LlamaModel(nn.Module):
     "Embedding, decoder layers and final norm (HF name: `model`)."
     def __init__(self, c: ModelConfig):
@@ -186,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
         "Logits of the chosen rows only, in float32: (rows, vocab_size)."
         return self.lm_head(hidden).float()
 
-# %% ../nbs/07_model.ipynb #dcf3a3b7
+# %% ../nbs/07_model.ipynb #60c7f3c0
 def allocate_kv_cache(c: ModelConfig, num_blocks: int, block_size: int, dtype, device='cpu') -> torch.Tensor:
     "The paged KV pool of all layers: (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)."
     return torch.zeros(c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)
