@@ -6,7 +6,7 @@
 __all__ = ['SequenceGroup', 'SchedulerConfigError', 'SchedulerConfig', 'SchedulerOutput', 'Scheduler', 'schedule',
            'free_finished', 'abort']
 
-# %% ../nbs/12_scheduler.ipynb #1bfbb2e5
+# %% ../nbs/12_scheduler.ipynb #1112f56f
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .sampling_params import SamplingParams
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/12_scheduler.ipynb #95eef46e
+# %% ../nbs/12_scheduler.ipynb #fc9cc6a5
 @dataclass(eq=False)
 class SequenceGroup:
     "One request: its sequences (one, or several sharing the prompt), parameters, arrival time and priority."
@@ -41,7 +41,7 @@ class SequenceGroup:
         for s in self.seqs:
             if not s.is_finished: s.status = status
 
-# %% ../nbs/12_scheduler.ipynb #85115931
+# %% ../nbs/12_scheduler.ipynb #2c5d713d
 class SchedulerConfigError(ValueError):
     "Scheduler settings that contradict each other."
 
@@ -65,7 +65,7 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerOutput:
-    "One step's decisions: which sequences run how many tokens, and the memory orders to carry out first."
+    "One step's decisions: which sequences run how many tokens, and the memory orders to carry out first (swap out, swap in, copy)."
     seqs: list = field(default_factory=list)  # Sequence objects to run
     num_new_tokens: list = field(default_factory=list)  # tokens each runs this step
     block_tables: list = field(default_factory=list)  # their GPU block tables
@@ -78,7 +78,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool: return not self.seqs
 
-# %% ../nbs/12_scheduler.ipynb #8b631352
+# %% ../nbs/12_scheduler.ipynb #2f285097
 class Scheduler:
     "Decides, every step, which sequences run and what memory moves; owns the block manager."
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
@@ -105,7 +105,7 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int: return len(self.waiting) + len(self.running) + len(self.swapped)
 
-# %% ../nbs/12_scheduler.ipynb #e4500e2e
+# %% ../nbs/12_scheduler.ipynb #d1fe4ec9
 def _slots_missing(self: Scheduler, s: Sequence) -> int:
     return s.num_tokens - self.bm.tables[s.seq_id].num_tokens
 
@@ -123,7 +123,7 @@ def _grow(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
 
 Scheduler._can_grow, Scheduler._grow = _can_grow, _grow
 
-# %% ../nbs/12_scheduler.ipynb #f3d15366
+# %% ../nbs/12_scheduler.ipynb #df0dd961
 def _preempt(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
     "Take `g`'s GPU memory back, by swap or by recompute."
     seqs = g.get_seqs(SequenceStatus.RUNNING)
@@ -141,7 +141,7 @@ def _preempt(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
 
 Scheduler._preempt = _preempt
 
-# %% ../nbs/12_scheduler.ipynb #edbf2901
+# %% ../nbs/12_scheduler.ipynb #7b3e52ed
 def _run(self: Scheduler, g: SequenceGroup, out: SchedulerOutput, budget: int) -> int:
     "Schedule what fits of `g`'s running sequences' uncomputed tokens; returns the tokens used."
     used = 0
@@ -173,15 +173,15 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     while self.swapped and not out.preempted and budget > 0 and len(self.running) < c.max_num_seqs:
         g = self.swapped[0]
         ids = [s.seq_id for s in g.get_seqs(SequenceStatus.SWAPPED)]
-        if not self.bm.can_swap_in(ids): break
+        blocks = len({b for i in ids for b in self.bm.cpu_tables[i].blocks})
+        # room for its blocks and, per sequence, a new block and a copy-on-write copy for its next token
+        if not self.bm.can_swap_in(ids) or blocks + 2 * len(ids) > self.bm.num_free_blocks - self.bm.watermark_blocks: break
         out.blocks_to_swap_in += self.bm.swap_in(ids)
         g.set_status(SequenceStatus.RUNNING)
-        if not self._can_grow(g):  # room for the blocks but not for their next token: send it straight back
-            out.blocks_to_swap_out += self.bm.swap_out(ids); g.set_status(SequenceStatus.SWAPPED); break
         self.swapped.popleft(); self._grow(g, out); self._insert_running(g)
         budget -= _run(self, g, out, budget)
     # 3. new prompts (and recompute-preempted requests), while budget, sequence limit and blocks allow
-    while self.waiting and not self.swapped and budget > 0 and len(self.running) < c.max_num_seqs:
+    while self.waiting and not self.swapped and not out.preempted and budget > 0 and len(self.running) < c.max_num_seqs:
         g = self.waiting[0]
         seqs = g.get_seqs(SequenceStatus.WAITING)
         if not c.enable_chunked_prefill and max(s.num_tokens for s in seqs) > budget: break
@@ -204,7 +204,7 @@ def _insert_running(self: Scheduler, g: SequenceGroup): self._insert(self.runnin
 
 Scheduler.schedule, Scheduler._can_admit, Scheduler._insert_running = schedule, _can_admit, _insert_running
 
-# %% ../nbs/12_scheduler.ipynb #0b0a25a1
+# %% ../nbs/12_scheduler.ipynb #6d02a14b
 def free_finished(self: Scheduler) -> list:
     "Free the blocks of finished sequences; drop finished requests from the running queue; returns those requests."
     done = []
