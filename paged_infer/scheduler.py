@@ -6,7 +6,7 @@
 __all__ = ['SequenceGroup', 'SchedulerConfigError', 'SchedulerConfig', 'SchedulerOutput', 'Scheduler', 'schedule',
            'free_finished', 'abort']
 
-# %% ../nbs/12_scheduler.ipynb #1112f56f
+# %% ../nbs/12_scheduler.ipynb #b77394e9
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .sampling_params import SamplingParams
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/12_scheduler.ipynb #fc9cc6a5
+# %% ../nbs/12_scheduler.ipynb #03aee8c9
 @dataclass(eq=False)
 class SequenceGroup:
     "One request: its sequences (one, or several sharing the prompt), parameters, arrival time and priority."
@@ -25,6 +25,11 @@ class SequenceGroup:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0  # lower runs first (when the scheduler's policy is 'priority')
     prompt: str | None = None  # the text, when the request came as text
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    hyps: list = field(default_factory=list)  # beam search: finished hypotheses (score, Sequence), best first
+    improvable: bool = True  # beam search: can a live beam still beat the kept hypotheses?
 
     def __post_init__(self):
         for s in self.seqs: s.request_id = self.request_id
@@ -41,7 +46,7 @@ class SequenceGroup:
         for s in self.seqs:
             if not s.is_finished: s.status = status
 
-# %% ../nbs/12_scheduler.ipynb #2c5d713d
+# %% ../nbs/12_scheduler.ipynb #855bbeb5
 class SchedulerConfigError(ValueError):
     "Scheduler settings that contradict each other."
 
@@ -78,7 +83,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool: return not self.seqs
 
-# %% ../nbs/12_scheduler.ipynb #2f285097
+# %% ../nbs/12_scheduler.ipynb #2a5aa00d
 class Scheduler:
     "Decides, every step, which sequences run and what memory moves; owns the block manager."
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
@@ -105,7 +110,7 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int: return len(self.waiting) + len(self.running) + len(self.swapped)
 
-# %% ../nbs/12_scheduler.ipynb #d1fe4ec9
+# %% ../nbs/12_scheduler.ipynb #be935c32
 def _slots_missing(self: Scheduler, s: Sequence) -> int:
     return s.num_tokens - self.bm.tables[s.seq_id].num_tokens
 
@@ -123,7 +128,7 @@ def _grow(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
 
 Scheduler._can_grow, Scheduler._grow = _can_grow, _grow
 
-# %% ../nbs/12_scheduler.ipynb #df0dd961
+# %% ../nbs/12_scheduler.ipynb #55c9760d
 def _preempt(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
     "Take `g`'s GPU memory back, by swap or by recompute."
     seqs = g.get_seqs(SequenceStatus.RUNNING)
@@ -141,11 +146,12 @@ def _preempt(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
 
 Scheduler._preempt = _preempt
 
-# %% ../nbs/12_scheduler.ipynb #7b3e52ed
+# %% ../nbs/12_scheduler.ipynb #ae8787a1
 def _run(self: Scheduler, g: SequenceGroup, out: SchedulerOutput, budget: int) -> int:
     "Schedule what fits of `g`'s running sequences' uncomputed tokens; returns the tokens used."
     used = 0
     for s in g.get_seqs(SequenceStatus.RUNNING):
+        if s.num_uncomputed_tokens == 0: continue  # a beam waiting for the other beams of its request
         n = min(s.num_uncomputed_tokens, budget - used)
         if n <= 0: break
         if n < s.num_uncomputed_tokens and not self.config.enable_chunked_prefill: break  # runs whole, in a later step
@@ -190,6 +196,7 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         for s in seqs:
             s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids())  # prefix-cache hits are computed already
             s.status = SequenceStatus.RUNNING
+        if not g.seqs[0].output_token_ids: g.num_cached_tokens = g.seqs[0].num_computed_tokens  # first admission
         self._insert_running(g)
         budget -= _run(self, g, out, budget)
     return out
@@ -204,7 +211,7 @@ def _insert_running(self: Scheduler, g: SequenceGroup): self._insert(self.runnin
 
 Scheduler.schedule, Scheduler._can_admit, Scheduler._insert_running = schedule, _can_admit, _insert_running
 
-# %% ../nbs/12_scheduler.ipynb #6d02a14b
+# %% ../nbs/12_scheduler.ipynb #514beacd
 def free_finished(self: Scheduler) -> list:
     "Free the blocks of finished sequences; drop finished requests from the running queue; returns those requests."
     done = []

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['SequenceStatus', 'FinishReason', 'Sequence']
 
-# %% ../nbs/05_sequence.ipynb #279fc0fc
+# %% ../nbs/05_sequence.ipynb #4d06b1d7
 import enum
 import itertools
 import time
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .sampling_params import SamplingParams
 
-# %% ../nbs/05_sequence.ipynb #ab1214e1
+# %% ../nbs/05_sequence.ipynb #e3fc78cd
 class SequenceStatus(enum.Enum):
     "Where a sequence is in its life; the scheduler's queues hold WAITING, RUNNING and SWAPPED ones."
     WAITING = 'waiting'  # not admitted yet, or preempted by recompute: has no blocks
@@ -27,7 +27,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = 'length'  # max_tokens or the model's maximum length
     ABORT = 'abort'  # the client went away, or the engine gave up on it
 
-# %% ../nbs/05_sequence.ipynb #cca389d5
+# %% ../nbs/05_sequence.ipynb #09bce0ec
 _seq_ids = itertools.count()
 
 @dataclass(eq=False)
@@ -46,7 +46,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     arrival_time: float = field(default_factory=time.monotonic)
-    generator: object = None  # torch.Generator of a seeded request, shared by its forks; None = the engine's
+    generator: object = None  # torch.Generator of a seeded request; None = the engine's
+    beam_proposals: list | None = None  # beam search: (token id, logprob) candidates waiting for the beam step
 
     def __post_init__(self):
         if not self.prompt_token_ids: raise ValueError('a sequence needs at least one prompt token')
