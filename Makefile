@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.paged-infer-installed
 PYTEST_ARGS ?=
 
-.PHONY: install serve demo test docs clean
+.PHONY: install serve demo test docs readme clean
 
 $(STAMP): settings.ini setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,8 +33,13 @@ demo: serve
 test: install
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The documentation site, built offline from the executed notebooks into docs/_site (docs/build.py says how);
+# it writes README.md from nbs/index.ipynb too. `make readme` only rewrites README.md (fast, nothing runs).
 docs: install
 	$(PY) docs/build.py
+
+readme: install
+	$(PY) docs/build.py --readme-only
 
 clean:
 	rm -rf $(VENV) docs/_site _proc

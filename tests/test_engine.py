@@ -1,0 +1,175 @@
+"""The engine keeps greedy outputs token-identical to Hugging Face under every kind of pressure, and loses nothing.
+
+(a) one mixed batch; (b) a pool so small that requests are preempted, by recompute and by swap; (c) a token budget
+small enough to force chunked prefill; (d) prefix-cache hits on a shared system prompt. Then parallel sampling sharing
+prompt blocks, beam search against Hugging Face's beam search, a workload larger than the pool, and random aborts.
+"""
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from paged_infer.default_model import prepare_default_model
+from paged_infer.engine import LLM, EngineConfig, LLMEngine, RequestError
+from paged_infer.sampling_params import SamplingParams
+
+N_NEW = 24
+QUESTIONS = ['Hi there!', 'What is the capital of France?', 'Write a short haiku about memory and forgetting, please.',
+             'List three uses of a hash table, and say which one you like best and why, in detail.']
+TEXTS = ['The quick brown fox', 'def fibonacci(n):', 'Once upon a time, in a land far away, there lived a',
+         'PagedAttention is an attention algorithm inspired by the classical idea of virtual memory and paging in '
+         'operating systems. Unlike the traditional attention algorithms, it']
+SYSTEM = ('You are a meticulous assistant for a library. You answer questions about books, authors and opening hours. '
+          'Keep answers short, polite and factual; when unsure, say so and suggest asking a librarian at the desk.')
+
+
+@pytest.fixture(scope='module')
+def shared():
+    """One engine-free setup: the tokenizer, the prompts and Hugging Face's greedy references (computed once)."""
+    hf = AutoModelForCausalLM.from_pretrained(prepare_default_model(), dtype=torch.float32).eval()
+    eng = LLMEngine(num_gpu_blocks=8)
+    tok = eng.tokenizer
+    chat = lambda q, sys=None: tok.apply_chat_template(([{'role': 'system', 'content': sys}] if sys else []) +
+                                                       [{'role': 'user', 'content': q}], add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False)
+    prompts = [chat(q) for q in QUESTIONS] + [tok.encode(t) for t in TEXTS]
+    shared_prefix = [chat(q, SYSTEM) for q in QUESTIONS]
+
+    def ref(p, n=N_NEW):
+        out = hf.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
+        return out[0, len(p):].tolist()
+    return dict(hf=hf, tok=tok, prompts=prompts, refs=[ref(p) for p in prompts],
+                shared_prefix=shared_prefix, shared_refs=[ref(p) for p in shared_prefix])
+
+
+def run(engine, prompts, params, stagger=False):
+    ids = []
+    for i, p in enumerate(prompts):
+        ids.append(engine.add_request(p, params))
+        if stagger and i == 0:  # the first request's prompt is computed (and cached) before the others arrive
+            engine.step()
+            assert engine.scheduler.running[0].seqs[0].num_computed_tokens >= len(p)
+    done = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished: done[o.request_id] = o
+        steps += 1
+        engine.block_manager.check_invariants()
+    assert engine.block_manager.num_free_blocks == engine.num_gpu_blocks, 'blocks leaked'
+    assert engine.block_manager.cpu.num_free == engine.block_manager.cpu.num_blocks, 'swap blocks leaked'
+    return [done[r].outputs[0].token_ids for r in ids]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW)
+
+
+def test_a_mixed_batch(shared):
+    eng = LLMEngine(num_gpu_blocks=128)
+    assert run(eng, shared['prompts'], GREEDY) == shared['refs']
+
+
+@pytest.mark.parametrize('mode', ['recompute', 'swap'])
+def test_b_preemption(shared, mode):
+    eng = LLMEngine(num_gpu_blocks=14, num_cpu_blocks=64, preemption_mode=mode)
+    assert run(eng, shared['prompts'], GREEDY) == shared['refs']
+    assert eng.scheduler.num_preemptions > 0, 'the pool was meant to be too small'
+
+
+def test_c_chunked_prefill(shared):
+    eng = LLMEngine(num_gpu_blocks=128, max_num_batched_tokens=16)
+    chunks = []
+    orig = eng.runner.execute
+
+    def spy(seqs, n, tables):
+        chunks.extend(k for s, k in zip(seqs, n) if k < s.num_uncomputed_tokens)
+        return orig(seqs, n, tables)
+    eng.runner.execute = spy
+    assert run(eng, shared['prompts'], GREEDY) == shared['refs']
+    assert chunks, 'some prompts must have run in chunks'
+
+
+def test_d_prefix_caching(shared):
+    eng = LLMEngine(num_gpu_blocks=128)
+    assert run(eng, shared['shared_prefix'], GREEDY, stagger=True) == shared['shared_refs']
+    s = eng.stats()
+    assert s.prefix_cache_hits >= 3 * 48, f'{s.prefix_cache_hits} tokens from the prefix cache'
+
+
+def test_parallel_sampling_shares_prompt_blocks(shared):
+    eng = LLMEngine(num_gpu_blocks=64)
+    p = shared['prompts'][3]  # 48 tokens: 3 blocks
+    eng.add_request(p, SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=8), 'n4')
+    eng.step()  # prefill: one sequence, 4 samples, forked into 4 sequences
+    g = eng.groups['n4']
+    assert len(g.seqs) == 4
+    eng.step()  # each writes its first sampled token: the shared last block is copied where it is partly full
+    used = eng.num_gpu_blocks - eng.block_manager.num_free_blocks
+    prompt_blocks = -(-len(p) // 16)
+    assert used <= prompt_blocks + 4, f'{used} blocks: the prompt blocks are shared, not copied 4 times'
+    assert used < 4 * prompt_blocks
+    while eng.has_unfinished_requests(): eng.step()
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(shared):
+    p = shared['prompts'][1]
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=1234, max_tokens=12, n=2)
+    alone = LLMEngine(num_gpu_blocks=64)
+    alone.add_request(p, params, 'x')
+    a = None
+    while alone.has_unfinished_requests():
+        for o in alone.step():
+            if o.finished: a = [c.token_ids for c in o.outputs]
+    crowd = LLMEngine(num_gpu_blocks=64)
+    for i, q in enumerate(shared['prompts'][:5]): crowd.add_request(q, SamplingParams(temperature=1.0, max_tokens=10), f'o{i}')
+    crowd.add_request(p, params, 'x')
+    b = None
+    while crowd.has_unfinished_requests():
+        for o in crowd.step():
+            if o.request_id == 'x' and o.finished: b = [c.token_ids for c in o.outputs]
+    assert a == b and a[0] != a[1]
+
+
+@pytest.mark.parametrize('early_stopping,length_penalty', [(True, 1.0), (False, 1.0), (False, 0.5)])
+def test_beam_search_matches_hf(shared, early_stopping, length_penalty):
+    hf, tok = shared['hf'], shared['tok']
+    eng = LLMEngine(num_gpu_blocks=128)
+    W, n, max_new = 3, 2, 12
+    for p in shared['prompts'][:3]:
+        eng.add_request(p, SamplingParams(temperature=0, use_beam_search=True, best_of=W, n=n, max_tokens=max_new,
+                                          early_stopping=early_stopping, length_penalty=length_penalty), 'b')
+        out = None
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished: out = o
+        ref = hf.generate(torch.tensor([p]), num_beams=W, num_return_sequences=n, max_new_tokens=max_new, do_sample=False,
+                          early_stopping=early_stopping, length_penalty=length_penalty, pad_token_id=tok.eos_token_id)
+        ours = [c.token_ids for c in out.outputs]
+        theirs = [r[len(p):].tolist() for r in ref]
+        for t, o in zip(theirs, ours): assert set(t[len(o):]) <= {tok.eos_token_id}, 'HF only pads after our hypothesis'
+        assert ours == [t[:len(o)] for t, o in zip(theirs, ours)], (ours, theirs)
+        assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks
+
+
+def test_workload_larger_than_pool_completes():
+    llm = LLM(num_gpu_blocks=24, max_num_batched_tokens=64)
+    rng = random.Random(0)
+    prompts = [{'prompt_token_ids': [rng.randrange(100, 40000) for _ in range(rng.randint(5, 60))]} for _ in range(24)]
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=rng.randint(4, 40), ignore_eos=True) for i in range(24)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+    assert llm.engine.block_manager.num_free_blocks == 24 and llm.engine.scheduler.num_preemptions > 0
+
+
+def test_bad_requests_are_refused_and_lose_nothing():
+    eng = LLMEngine(num_gpu_blocks=32, max_model_len=64)
+    ok = eng.add_request('Hello', SamplingParams(max_tokens=5))
+    for bad, param in [(('', SamplingParams()), 'prompt'), (([10**9], SamplingParams()), 'prompt'),
+                       (('Hello', SamplingParams(max_tokens=100)), 'max_tokens')]:
+        with pytest.raises(RequestError) as e: eng.add_request(*bad)
+        assert e.value.param == param
+    with pytest.raises(RequestError): eng.add_request('again', SamplingParams(), request_id=ok)
+    while eng.has_unfinished_requests(): eng.step()
+    assert eng.block_manager.num_free_blocks == 32
