@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_blocks', 'CompletionOutput', 'RequestOutput',
-           'EngineStats', 'RequestError', 'LLMEngine', 'add_request', 'abort', 'step', 'has_unfinished_requests',
-           'stats', 'LLM']
+           'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
+           'has_unfinished_requests', 'stats', 'LLM']
 
-# %% ../nbs/13_engine.ipynb #c386b82c
+# %% ../nbs/13_engine.ipynb #f4a808db
 import dataclasses
 import itertools
 import time
@@ -24,7 +24,7 @@ from .sampling_params import SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/13_engine.ipynb #cb1c4adb
+# %% ../nbs/13_engine.ipynb #b180304f
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
@@ -55,7 +55,7 @@ class EngineConfig:
         if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0: raise EngineConfigError('memory sizes must be positive')
         if self.device == 'auto': self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
 
-# %% ../nbs/13_engine.ipynb #af253f53
+# %% ../nbs/13_engine.ipynb #37c75dab
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
@@ -89,7 +89,7 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
     return n
 
-# %% ../nbs/13_engine.ipynb #30a1f3e1
+# %% ../nbs/13_engine.ipynb #6009a621
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
@@ -128,7 +128,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
 
-# %% ../nbs/13_engine.ipynb #9171c4f2
+# %% ../nbs/13_engine.ipynb #90d50a66
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -165,13 +165,10 @@ class LLMEngine:
         "How many sequences of `max_model_len` tokens the pool holds at once."
         return self.num_gpu_blocks * self.config.block_size / self.max_model_len
 
-# %% ../nbs/13_engine.ipynb #52aee29a
-def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                arrival_time: float | None = None, priority: int = 0) -> str:
-    "Queue a request (text, or token ids); returns its id. Raises RequestError / SamplingParamsError for a bad one."
+# %% ../nbs/13_engine.ipynb #6d8fd643
+def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None):
+    "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
     params = params or SamplingParams()
-    if request_id is None: request_id = str(next(self._ids))
-    if request_id in self.groups: raise RequestError(f'request id {request_id!r} is already in use', 'request_id')
     text = prompt if isinstance(prompt, str) else None
     ids = self.tokenizer(prompt).input_ids if text is not None else list(prompt)
     V = self.model.config.vocab_size
@@ -184,6 +181,14 @@ def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, r
         raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                            f'{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).', 'max_tokens')
     if params.max_tokens is None: params = dataclasses.replace(params, max_tokens=room)
+    return ids, text, params
+
+def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                arrival_time: float | None = None, priority: int = 0) -> str:
+    "Queue a request (text, or token ids); returns its id. Raises RequestError / SamplingParamsError for a bad one."
+    if request_id is None: request_id = str(next(self._ids))
+    if request_id in self.groups: raise RequestError(f'request id {request_id!r} is already in use', 'request_id')
+    ids, text, params = self.check_request(prompt, params)
     seq = Sequence(ids, params)
     if params.seed is not None: seq.generator = seeded_generator(params.seed, self.model.lm_head.weight.device)
     g = SequenceGroup(request_id, [seq], params, time.monotonic() if arrival_time is None else arrival_time, priority, text)
@@ -207,9 +212,10 @@ def _forget(self: LLMEngine, g: SequenceGroup):
     self.groups.pop(g.request_id, None)
     for s in g.seqs: self.detoks.pop(s.seq_id, None)
 
-LLMEngine.add_request, LLMEngine._detokenizer, LLMEngine.abort, LLMEngine._forget = add_request, _detokenizer, abort, _forget
+LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
+LLMEngine.abort, LLMEngine._forget = abort, _forget
 
-# %% ../nbs/13_engine.ipynb #a81c08f8
+# %% ../nbs/13_engine.ipynb #09ad2f31
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
     out = self.scheduler.schedule()
@@ -223,7 +229,7 @@ def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 
-# %% ../nbs/13_engine.ipynb #3e064a22
+# %% ../nbs/13_engine.ipynb #048e8084
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     B = self.block_manager.block_size
@@ -264,7 +270,7 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #ef5ee8a2
+# %% ../nbs/13_engine.ipynb #c5ab63f4
 def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
     "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
     p = s.params
@@ -286,7 +292,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
 
 LLMEngine._append = _append
 
-# %% ../nbs/13_engine.ipynb #a9b1f2b2
+# %% ../nbs/13_engine.ipynb #05105ce8
 def _beam_score(logprob: float, length: int, alpha: float) -> float:
     return logprob / (length ** alpha)
 
@@ -334,7 +340,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
 
 LLMEngine._beam_step = _beam_step
 
-# %% ../nbs/13_engine.ipynb #834d2c09
+# %% ../nbs/13_engine.ipynb #fead788a
 def _completion(self: LLMEngine, s: Sequence, index: int) -> CompletionOutput:
     d = self.detoks.get(s.seq_id)
     text = d.text if d is not None else ''
@@ -363,7 +369,7 @@ def stats(self: LLMEngine) -> EngineStats:
 
 LLMEngine._completion, LLMEngine._output, LLMEngine.stats = _completion, _output, stats
 
-# %% ../nbs/13_engine.ipynb #2f48f868
+# %% ../nbs/13_engine.ipynb #937bcd95
 from tqdm.auto import tqdm
 
 class LLM:
