@@ -173,3 +173,36 @@ def test_bad_requests_are_refused_and_lose_nothing():
     with pytest.raises(RequestError): eng.add_request('again', SamplingParams(), request_id=ok)
     while eng.has_unfinished_requests(): eng.step()
     assert eng.block_manager.num_free_blocks == 32
+
+
+@pytest.fixture(scope='module')
+def small_engine():
+    return LLMEngine(num_gpu_blocks=20, num_cpu_blocks=16, max_num_batched_tokens=32)
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_aborts_leak_nothing(small_engine, data):
+    """Requests of every kind (greedy, n > 1, best_of, beams, stop strings), aborted at random moments under preemption."""
+    eng = small_engine
+    eng.scheduler.config.preemption_mode = data.draw(st.sampled_from(['recompute', 'swap']))
+    kinds = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10),
+             SamplingParams(best_of=3, n=2, temperature=0.7, max_tokens=8),
+             SamplingParams(use_beam_search=True, best_of=3, n=2, temperature=0, max_tokens=6),
+             SamplingParams(temperature=0, stop=['e'], max_tokens=12)]
+    ids = []
+    for i in range(data.draw(st.integers(1, 6))):
+        n = data.draw(st.integers(1, 40))
+        ids.append(eng.add_request(data.draw(st.lists(st.integers(100, 40000), min_size=n, max_size=n)),
+                                   data.draw(st.sampled_from(kinds))))
+    steps = 0
+    while eng.has_unfinished_requests():
+        if data.draw(st.integers(0, 4)) == 0: eng.abort(data.draw(st.sampled_from(ids)))
+        eng.step(); steps += 1
+        eng.block_manager.check_invariants()
+        assert steps < 500
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and eng.block_manager.cpu.num_free == 16
+    assert not eng.detoks, 'per-sequence state is dropped with the request'
