@@ -5,43 +5,46 @@
 # %% auto #0
 __all__ = ['DEMO_SYSTEM', 'DEMO_QUESTIONS', 'cmd_prepare_model', 'cmd_demo', 'build_parser', 'main']
 
-# %% ../nbs/90_cli.ipynb #ac3e163e
+# %% ../nbs/90_cli.ipynb #a01cd0c9
 import argparse
 import sys
 
-from .block_manager import BlockManager
 from .default_model import DEFAULT_MODEL, prepare_default_model
 
-# %% ../nbs/90_cli.ipynb #01728a40
+# %% ../nbs/90_cli.ipynb #87a40546
 def cmd_prepare_model(args) -> int:
     "Convert the default model into the local cache (once) and print where it is."
     print(prepare_default_model(force=args.force))
     return 0
 
-# %% ../nbs/90_cli.ipynb #54e4459e
+# %% ../nbs/90_cli.ipynb #0001a6b5
 DEMO_SYSTEM = 'You are a concise assistant. Answer in one sentence, and say when you are not sure.'
 DEMO_QUESTIONS = ['What is paged attention?', 'Why does a KV cache need memory management?',
                   'Name three planets.', 'What is copy-on-write?']
 
 def cmd_demo(args) -> int:
-    "Offline demo: real chat prompts through the paged block manager, with prefix-cache hits on a shared system prompt."
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(prepare_default_model())
-    bm = BlockManager(num_gpu_blocks=args.num_blocks, block_size=args.block_size)
-    print(f'{DEFAULT_MODEL}: KV pool of {args.num_blocks} blocks x {args.block_size} tokens')
-    for i, q in enumerate(DEMO_QUESTIONS):
-        msgs = [{'role': 'system', 'content': DEMO_SYSTEM}, {'role': 'user', 'content': q}]
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-        cached = bm.allocate(i, ids)
-        bm.cache_blocks(i, ids, len(ids))  # as if the prefill had run
-        print(f'  request {i}: {len(ids):3d} prompt tokens -> blocks {bm.block_table(i)}; {cached} tokens from the prefix cache')
-    print(f'pool usage {bm.usage:.0%}; prefix cache hit rate {bm.prefix_hit_rate:.0%} of prompt tokens')
-    for i in range(len(DEMO_QUESTIONS)): bm.free(i)
-    bm.check_invariants()
-    print(f'all requests freed: {bm.num_free_blocks}/{args.num_blocks} blocks free')
+    "Offline demo: chat requests sharing a system prompt, answered by the engine on the default model."
+    import time
+    from paged_infer.engine import LLM
+    from paged_infer.sampling_params import SamplingParams
+    llm = LLM(num_gpu_blocks=args.num_blocks, block_size=args.block_size)
+    eng = llm.engine
+    print(f'{DEFAULT_MODEL} on {eng.config.device}: KV pool of {eng.num_gpu_blocks} blocks x {eng.config.block_size} tokens')
+    convs = [[{'role': 'system', 'content': DEMO_SYSTEM}, {'role': 'user', 'content': q}] for q in DEMO_QUESTIONS]
+    llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)  # computes (and caches) the system prompt
+    t0 = time.perf_counter()
+    outs = llm.chat(convs, SamplingParams(temperature=0, max_tokens=args.max_tokens), use_tqdm=False)
+    dt = time.perf_counter() - t0
+    for q, o in zip(DEMO_QUESTIONS, outs): print(f'\n> {q}\n{o.outputs[0].text.strip()}')
+    s = eng.stats()
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f'\n{n} tokens in {dt:.1f} s ({n / dt:.1f} tok/s); prefix cache: {s.prefix_cache_hits} of {s.prefix_cache_queries} '
+          f'prompt tokens reused ({eng.block_manager.prefix_hit_rate:.0%}); {s.num_preemptions} preemptions')
+    eng.block_manager.check_invariants()
+    print(f'all requests finished: {eng.block_manager.num_free_blocks}/{eng.num_gpu_blocks} blocks free')
     return 0
 
-# %% ../nbs/90_cli.ipynb #0ac4be35
+# %% ../nbs/90_cli.ipynb #1385361b
 def build_parser() -> argparse.ArgumentParser:
     "The argument parser of `paged-infer`, one subparser per subcommand."
     p = argparse.ArgumentParser(prog='paged-infer', description='paged-infer: a PagedAttention LLM serving engine')
@@ -49,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     prep = sub.add_parser('prepare-model', help='convert the default model (SmolLM2-135M-Instruct) into the local cache')
     prep.add_argument('--force', action='store_true', help='convert again even if the cache is complete')
     prep.set_defaults(func=cmd_prepare_model)
-    demo = sub.add_parser('demo', help='offline demo of the paged KV memory manager on the default model')
-    demo.add_argument('--num-blocks', type=int, default=64, help='blocks in the KV pool')
+    demo = sub.add_parser('demo', help='offline demo: the engine answers a few chat requests on the default model')
+    demo.add_argument('--num-blocks', type=int, default=256, help='blocks in the KV pool')
     demo.add_argument('--block-size', type=int, default=16, help='tokens per block')
+    demo.add_argument('--max-tokens', type=int, default=48, help='tokens per answer')
     demo.set_defaults(func=cmd_demo)
     return p
 
