@@ -47,20 +47,23 @@ def run_hf(prompts, outs, batch, pad_id):
 def run_ours(prompts, outs, **engine_kw):
     llm = LLM(**engine_kw)
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
-    eng, peak = llm.engine, [0, 0.0]
+    eng, peak, util = llm.engine, [0, 0.0], []
     orig = eng.step
 
-    def step():  # record the most sequences held at once and the KV pool's use
+    def step():  # record the most sequences held at once, the KV pool's use, and the share of held slots with a token
         r = orig()
-        peak[0] = max(peak[0], sum(1 for g in eng.scheduler.running for s in g.seqs if not s.is_finished))
+        live = [s for g in eng.scheduler.running for s in g.seqs if not s.is_finished]
+        used = eng.num_gpu_blocks - eng.block_manager.num_free_blocks
+        peak[0] = max(peak[0], len(live))
         peak[1] = max(peak[1], eng.block_manager.usage)
+        if live: util.append(sum(s.num_tokens for s in live) / (used * eng.config.block_size))
         return r
     eng.step = step
     t0 = time.perf_counter()
     res = llm.generate([{'prompt_token_ids': p} for p in prompts], params, use_tqdm=False)
     dt = time.perf_counter() - t0
     assert [len(r.outputs[0].token_ids) for r in res] == outs
-    return dt, peak, eng.num_gpu_blocks, eng.scheduler.num_preemptions
+    return dt, peak, float(np.mean(util)), eng.num_gpu_blocks, eng.scheduler.num_preemptions
 
 
 def main():
@@ -69,19 +72,26 @@ def main():
     ap.add_argument('--scale', type=int, default=8)
     ap.add_argument('--hf-batch', type=int, default=16)
     ap.add_argument('--max-num-seqs', type=int, default=64)
+    ap.add_argument('--num-blocks', type=int, default=None, help='KV pool size in blocks (default: 1 GiB)')
+    ap.add_argument('--skip-hf', action='store_true', help='measure paged-infer only')
     a = ap.parse_args()
     torch.manual_seed(0)
     prompts, outs = workload(a.n, a.scale)
     n_in, n_out = sum(map(len, prompts)), sum(outs)
-    t_ours, (peak_seqs, peak_usage), blocks, preempt = run_ours(prompts, outs, max_num_seqs=a.max_num_seqs)
-    t_hf = run_hf(prompts, outs, a.hf_batch, pad_id=2)
+    kw = dict(max_num_seqs=a.max_num_seqs) | (dict(num_gpu_blocks=a.num_blocks) if a.num_blocks else {})
+    t_ours, (peak_seqs, peak_usage), util, blocks, preempt = run_ours(prompts, outs, **kw)
+    t_hf = float('nan') if a.skip_hf else run_hf(prompts, outs, a.hf_batch, pad_id=2)
     r = dict(machine=platform.processor() or platform.machine(), threads=torch.get_num_threads(), n=a.n, scale=a.scale,
              input_tokens=n_in, output_tokens=n_out, hf_batch=a.hf_batch,
              ours_s=t_ours, hf_s=t_hf, ours_out_tok_s=n_out / t_ours, hf_out_tok_s=n_out / t_hf,
              ours_total_tok_s=(n_in + n_out) / t_ours, hf_total_tok_s=(n_in + n_out) / t_hf, ratio=t_hf / t_ours,
-             ours_peak_running_seqs=peak_seqs, ours_peak_kv_usage=peak_usage, ours_blocks=blocks, ours_preemptions=preempt)
+             ours_peak_running_seqs=peak_seqs, ours_peak_kv_usage=peak_usage, ours_mean_token_states_per_held_slot=util,
+             ours_blocks=blocks, ours_preemptions=preempt,
+             max_len_reservation_seqs=blocks * 16 // (2048 // a.scale))  # contiguous max-length reservation, same pool
+    r['note'] = 'max_len_reservation_seqs: sequences a contiguous reservation of max_model_len/scale tokens each would fit in the same pool'
     print(json.dumps(r, indent=1))
-    out = Path(__file__).parent / 'results' / f'cpu_llm_vs_hf_n{a.n}_s{a.scale}_b{a.hf_batch}.json'
+    tag = f'_blocks{a.num_blocks}' if a.num_blocks else ''
+    out = Path(__file__).parent / 'results' / f'cpu_llm_vs_hf_n{a.n}_s{a.scale}_b{a.hf_batch}{tag}.json'
     out.write_text(json.dumps(r, indent=1) + '\n')
 
 
