@@ -7,7 +7,7 @@ __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_
            'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
            'has_unfinished_requests', 'stats', 'LLM']
 
-# %% ../nbs/13_engine.ipynb #a3be9e7b
+# %% ../nbs/13_engine.ipynb #71c467d5
 import dataclasses
 import itertools
 import time
@@ -24,7 +24,7 @@ from .sampling_params import SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/13_engine.ipynb #5337fe76
+# %% ../nbs/13_engine.ipynb #28f831e1
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
@@ -55,7 +55,7 @@ class EngineConfig:
         if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0: raise EngineConfigError('memory sizes must be positive')
         if self.device == 'auto': self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
 
-# %% ../nbs/13_engine.ipynb #afe16b50
+# %% ../nbs/13_engine.ipynb #f0da7bfb
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
@@ -89,7 +89,7 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
     return n
 
-# %% ../nbs/13_engine.ipynb #c0c3d371
+# %% ../nbs/13_engine.ipynb #dac7034b
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
@@ -128,7 +128,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
 
-# %% ../nbs/13_engine.ipynb #0da09cf0
+# %% ../nbs/13_engine.ipynb #78a7ea81
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -165,7 +165,7 @@ class LLMEngine:
         "How many sequences of `max_model_len` tokens the pool holds at once."
         return self.num_gpu_blocks * self.config.block_size / self.max_model_len
 
-# %% ../nbs/13_engine.ipynb #54fcf685
+# %% ../nbs/13_engine.ipynb #ad3e7bfb
 def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None):
     "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
     params = params or SamplingParams()
@@ -181,6 +181,10 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
         raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                            f'{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).', 'max_tokens')
     if params.max_tokens is None: params = dataclasses.replace(params, max_tokens=room)
+    bm = self.block_manager  # a request that could never fit the pool, even alone, would wait forever
+    if -(-(len(ids) + params.max_tokens) // bm.block_size) > bm.gpu.num_blocks - bm.watermark_blocks:
+        raise RequestError(f'prompt plus max_tokens ({len(ids) + params.max_tokens} tokens) exceeds the KV cache '
+                           f'({(bm.gpu.num_blocks - bm.watermark_blocks) * bm.block_size} tokens)', 'max_tokens')
     return ids, text, params
 
 def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None,
@@ -215,7 +219,7 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
 LLMEngine.abort, LLMEngine._forget = abort, _forget
 
-# %% ../nbs/13_engine.ipynb #64668f3c
+# %% ../nbs/13_engine.ipynb #e693b9de
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
     out = self.scheduler.schedule()
@@ -229,7 +233,7 @@ def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 
-# %% ../nbs/13_engine.ipynb #a2a4ac6d
+# %% ../nbs/13_engine.ipynb #313646f0
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     B = self.block_manager.block_size
@@ -270,7 +274,7 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #6902301e
+# %% ../nbs/13_engine.ipynb #0ec73312
 def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
     "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
     p = s.params
@@ -292,7 +296,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
 
 LLMEngine._append = _append
 
-# %% ../nbs/13_engine.ipynb #b9b9dc58
+# %% ../nbs/13_engine.ipynb #635d9b59
 def _beam_score(logprob: float, length: int, alpha: float) -> float:
     return logprob / (length ** alpha)
 
@@ -317,7 +321,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
     for rank, (total, _, t, s, l) in enumerate(cands):  # 2.
         if ends(s, t) and rank < W and can_add:
             h = s.fork(); h.request_id = s.request_id; h.append_token(t, l)
-            h.finish(FinishReason.STOP if t == eos or t in p.stop_token_ids else FinishReason.LENGTH, t if t == eos else None)
+            h.finish(FinishReason.STOP, t) if t == eos else h.finish(FinishReason.LENGTH)
             g.hyps.append((_beam_score(total, h.num_output_tokens, p.length_penalty), h))
     g.hyps = sorted(g.hyps, key=lambda h: -h[0])[:W]
     chosen = [(s, t, l) for total, _, t, s, l in cands if not ends(s, t)][:W]  # 3.
@@ -340,7 +344,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
 
 LLMEngine._beam_step = _beam_step
 
-# %% ../nbs/13_engine.ipynb #132a9830
+# %% ../nbs/13_engine.ipynb #e1c22eb5
 def _completion(self: LLMEngine, s: Sequence, index: int) -> CompletionOutput:
     d = self.detoks.get(s.seq_id)
     text = d.text if d is not None else ''
@@ -369,7 +373,7 @@ def stats(self: LLMEngine) -> EngineStats:
 
 LLMEngine._completion, LLMEngine._output, LLMEngine.stats = _completion, _output, stats
 
-# %% ../nbs/13_engine.ipynb #929ba851
+# %% ../nbs/13_engine.ipynb #1af90772
 from tqdm.auto import tqdm
 
 class LLM:

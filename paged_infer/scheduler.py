@@ -6,7 +6,7 @@
 __all__ = ['SequenceGroup', 'SchedulerConfigError', 'SchedulerConfig', 'SchedulerOutput', 'Scheduler', 'schedule',
            'free_finished', 'abort']
 
-# %% ../nbs/12_scheduler.ipynb #b77394e9
+# %% ../nbs/12_scheduler.ipynb #9bc57829
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .sampling_params import SamplingParams
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/12_scheduler.ipynb #03aee8c9
+# %% ../nbs/12_scheduler.ipynb #8d01e21c
 @dataclass(eq=False)
 class SequenceGroup:
     "One request: its sequences (one, or several sharing the prompt), parameters, arrival time and priority."
@@ -46,7 +46,7 @@ class SequenceGroup:
         for s in self.seqs:
             if not s.is_finished: s.status = status
 
-# %% ../nbs/12_scheduler.ipynb #855bbeb5
+# %% ../nbs/12_scheduler.ipynb #07b533dd
 class SchedulerConfigError(ValueError):
     "Scheduler settings that contradict each other."
 
@@ -83,7 +83,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool: return not self.seqs
 
-# %% ../nbs/12_scheduler.ipynb #2a5aa00d
+# %% ../nbs/12_scheduler.ipynb #dd38938e
 class Scheduler:
     "Decides, every step, which sequences run and what memory moves; owns the block manager."
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
@@ -110,7 +110,7 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int: return len(self.waiting) + len(self.running) + len(self.swapped)
 
-# %% ../nbs/12_scheduler.ipynb #be935c32
+# %% ../nbs/12_scheduler.ipynb #9858b835
 def _slots_missing(self: Scheduler, s: Sequence) -> int:
     return s.num_tokens - self.bm.tables[s.seq_id].num_tokens
 
@@ -128,7 +128,7 @@ def _grow(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
 
 Scheduler._can_grow, Scheduler._grow = _can_grow, _grow
 
-# %% ../nbs/12_scheduler.ipynb #55c9760d
+# %% ../nbs/12_scheduler.ipynb #009793e2
 def _preempt(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
     "Take `g`'s GPU memory back, by swap or by recompute."
     seqs = g.get_seqs(SequenceStatus.RUNNING)
@@ -146,7 +146,7 @@ def _preempt(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
 
 Scheduler._preempt = _preempt
 
-# %% ../nbs/12_scheduler.ipynb #ae8787a1
+# %% ../nbs/12_scheduler.ipynb #c495d460
 def _run(self: Scheduler, g: SequenceGroup, out: SchedulerOutput, budget: int) -> int:
     "Schedule what fits of `g`'s running sequences' uncomputed tokens; returns the tokens used."
     used = 0
@@ -176,7 +176,7 @@ def schedule(self: Scheduler) -> SchedulerOutput:
             budget -= _run(self, g, out, budget)
     self.running = running
     # 2. swapped requests back in, unless this step had to preempt
-    while self.swapped and not out.preempted and budget > 0 and len(self.running) < c.max_num_seqs:
+    while self.swapped and not out.preempted and budget > 0 and self._num_running_seqs() < c.max_num_seqs:
         g = self.swapped[0]
         ids = [s.seq_id for s in g.get_seqs(SequenceStatus.SWAPPED)]
         blocks = len({b for i in ids for b in self.bm.cpu_tables[i].blocks})
@@ -187,9 +187,10 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         self.swapped.popleft(); self._grow(g, out); self._insert_running(g)
         budget -= _run(self, g, out, budget)
     # 3. new prompts (and recompute-preempted requests), while budget, sequence limit and blocks allow
-    while self.waiting and not self.swapped and not out.preempted and budget > 0 and len(self.running) < c.max_num_seqs:
+    while self.waiting and not self.swapped and not out.preempted and budget > 0:
         g = self.waiting[0]
         seqs = g.get_seqs(SequenceStatus.WAITING)
+        if self._num_running_seqs() + max(len(seqs), g.params.num_seqs_to_sample) > c.max_num_seqs: break
         if not c.enable_chunked_prefill and max(s.num_tokens for s in seqs) > budget: break
         if not self._can_admit(seqs): break
         self.waiting.popleft()
@@ -208,10 +209,12 @@ def _can_admit(self: Scheduler, seqs) -> bool:
     return self.bm.num_free_blocks - need >= self.bm.watermark_blocks
 
 def _insert_running(self: Scheduler, g: SequenceGroup): self._insert(self.running, g)
+def _num_running_seqs(self: Scheduler) -> int: return sum(len(g.get_seqs(SequenceStatus.RUNNING)) for g in self.running)
 
 Scheduler.schedule, Scheduler._can_admit, Scheduler._insert_running = schedule, _can_admit, _insert_running
+Scheduler._num_running_seqs = _num_running_seqs
 
-# %% ../nbs/12_scheduler.ipynb #514beacd
+# %% ../nbs/12_scheduler.ipynb #f0506c45
 def free_finished(self: Scheduler) -> list:
     "Free the blocks of finished sequences; drop finished requests from the running queue; returns those requests."
     done = []
