@@ -6,7 +6,7 @@
 __all__ = ['KernelInputError', 'interpreted', 'store_kv_triton', 'num_sms', 'decode_num_splits', 'paged_decode_attention',
            'paged_prefill_attention', 'paged_attention_triton', 'copy_blocks_triton']
 
-# %% ../nbs/15_kernels.ipynb #fd797463
+# %% ../nbs/15_kernels.ipynb #2555066e
 import math
 
 import torch
@@ -16,7 +16,7 @@ import triton.language as tl
 from .attention import AttentionMetadata
 from .block_table import cdiv
 
-# %% ../nbs/15_kernels.ipynb #2c3594c8
+# %% ../nbs/15_kernels.ipynb #5b97c208
 class KernelInputError(ValueError):
     "An input a kernel cannot take: wrong shape, dtype, device or memory layout."
 
@@ -38,7 +38,7 @@ def _check_cache(k_cache, v_cache):
            f'v_cache {v_cache.dtype} {tuple(v_cache.shape)} differs from k_cache {k_cache.dtype} {tuple(k_cache.shape)}')
     _check(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, 'the caches must be contiguous in head_dim')
 
-# %% ../nbs/15_kernels.ipynb #a8fced39
+# %% ../nbs/15_kernels.ipynb #ab2858fb
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh,  # token and head strides of k and v
@@ -56,7 +56,7 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     tl.store(kc_ptr + blk * stride_kcb + row * stride_kct + h * stride_kch + d, k.to(kc_ptr.dtype.element_ty), mask=mask)
     tl.store(vc_ptr + blk * stride_vcb + row * stride_vct + h * stride_vch + d, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
-# %% ../nbs/15_kernels.ipynb #25b98236
+# %% ../nbs/15_kernels.ipynb #42a0ef45
 def store_kv_triton(k: torch.Tensor, v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim) new keys / values
                     k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                     slot_mapping: torch.Tensor):  # (num_tokens,) int64 or int32; a negative slot is skipped
@@ -74,7 +74,7 @@ def store_kv_triton(k: torch.Tensor, v: torch.Tensor,  # (num_tokens, num_kv_hea
                            *k_cache.stride()[:3], *v_cache.stride()[:3],
                            NUM_KV_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=k_cache.shape[1], BLOCK=triton.next_power_of_2(H * D))
 
-# %% ../nbs/15_kernels.ipynb #4e283eec
+# %% ../nbs/15_kernels.ipynb #0d31fcab
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, scale_log2,
                    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -113,7 +113,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, scal
     else:
         tl.store(out_ptr + s * stride_ot + heads[:, None] * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
 
-# %% ../nbs/15_kernels.ipynb #efc5dcd1
+# %% ../nbs/15_kernels.ipynb #fdc1a4f3
 @triton.jit
 def _decode_reduce_kernel(part_ptr, lse_ptr, out_ptr, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                           stride_ot, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -130,7 +130,7 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, out_ptr, stride_pt, stride_ph, stri
     o = tl.sum(part * w[:, None], 0) / tl.where(wsum == 0.0, 1.0, wsum)
     tl.store(out_ptr + s * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=dmask)
 
-# %% ../nbs/15_kernels.ipynb #dc5e7e80
+# %% ../nbs/15_kernels.ipynb #29229974
 _NUM_SMS = {}
 
 def num_sms(device) -> int:
@@ -142,14 +142,13 @@ def num_sms(device) -> int:
     return _NUM_SMS[i]
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132,
-                      min_tokens_per_split: int = 128, max_splits: int = 64) -> int:
-    "Programs per (sequence, KV head) in decode attention: about one full wave of programs, none with too short a range."
+                      min_tokens_per_split: int = 64, max_splits: int = 64) -> int:
+    "Programs per (sequence, KV head) in decode attention: a power of two, at most one wave of 4 programs per multiprocessor."
     programs = num_seqs * num_kv_heads
-    if programs >= num_sms: return 1
-    want = cdiv(2 * num_sms, max(programs, 1))  # two programs per multiprocessor run at once
-    return max(1, min(want, cdiv(max_seq_len, min_tokens_per_split), max_splits))
+    limit = min(4 * num_sms // max(programs, 1), cdiv(max_seq_len, min_tokens_per_split), max_splits)
+    return 1 << max(limit, 1).bit_length() - 1  # the largest power of two <= limit
 
-# %% ../nbs/15_kernels.ipynb #79b2b19b
+# %% ../nbs/15_kernels.ipynb #05221935
 def _check_attention(q, k_cache, v_cache, block_tables, seq_lens):
     _check_cache(k_cache, v_cache)
     _check(q.dim() == 3 and q.shape[2] == k_cache.shape[3] and q.shape[1] % k_cache.shape[2] == 0,
@@ -165,10 +164,10 @@ def paged_decode_attention(q: torch.Tensor,  # (num_seqs, num_heads, head_dim): 
                            block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
                            seq_lens: torch.Tensor,  # (num_seqs,) int32: context length, the new token included
                            scale: float,
-                           max_seq_len: int | None = None,  # host bound on seq_lens (default: what the tables hold)
+                           max_seq_len: int | None = None,  # host bound on seq_lens (default: what the tables hold); never exceeded
                            num_splits: int | None = None,  # programs per (sequence, KV head) (default: decode_num_splits)
                            out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim)
-                           block_n: int = 64, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     "Attention of one query token per sequence over its paged K/V (Triton), split over the context when the GPU would idle."
     _check_attention(q, k_cache, v_cache, block_tables, seq_lens)
     _check(q.shape[0] == seq_lens.shape[0], f'one query token per sequence: q has {q.shape[0]}, seq_lens {seq_lens.shape[0]}')
@@ -200,7 +199,7 @@ def paged_decode_attention(q: torch.Tensor,  # (num_seqs, num_heads, head_dim): 
                                    HEAD_DIM=D, D_PAD=triton.next_power_of_2(D))
     return out
 
-# %% ../nbs/15_kernels.ipynb #3a8838b6
+# %% ../nbs/15_kernels.ipynb #58109ccd
 @triton.jit
 def _attend_tile(q, k_ptr, v_ptr, bt_row, kvh, n0, pos, L, m_i, l_i, acc, scale_log2, d, dmask,
                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -223,7 +222,7 @@ def _attend_tile(q, k_ptr, v_ptr, bt_row, kvh, n0, pos, L, m_i, l_i, acc, scale_
     alpha, p = tl.exp2(m_i - m_new), tl.exp2(s_ij - m_new[:, None])
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
-# %% ../nbs/15_kernels.ipynb #0fdc2aa7
+# %% ../nbs/15_kernels.ipynb #fe3574f2
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, scale_log2,
                     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -260,12 +259,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, sca
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=mmask[:, None] & dmask[None, :])
 
-# %% ../nbs/15_kernels.ipynb #9b788076
+# %% ../nbs/15_kernels.ipynb #2749d3f5
 def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim): the step's new tokens, prefills first
                             k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                             meta: AttentionMetadata, scale: float,
                             out: torch.Tensor | None = None,  # (num_prefill_tokens, num_heads, head_dim)
-                            block_m: int = 128, block_n: int = 128, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
+                            block_m: int | None = None, block_n: int | None = None,  # tiles (default: by sequence length)
+                            num_warps: int | None = None, num_stages: int = 3) -> torch.Tensor:
     "Causal attention of the prefill and extend sequences' new tokens over their cached prefix and themselves (Triton)."
     _check_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens)
     n_seq, n_tok = meta.num_prefills, meta.num_prefill_tokens
@@ -276,6 +276,8 @@ def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim
     if out is None: out = torch.empty(n_tok, Hq, D, dtype=q.dtype, device=q.device)
     _check(out.shape == (n_tok, Hq, D) and out.dtype == q.dtype and out.stride(-1) == 1, f'out must be ({n_tok}, {Hq}, {D}) {q.dtype}')
     if n_seq == 0: return out
+    big = max(meta.seq_lens_cpu[:n_seq]) > 1024  # tiles measured on an H200 (kernels/NOTES.md): big for long sequences
+    block_m, block_n, num_warps = block_m or (128 if big else 64), block_n or (128 if big else 64), num_warps or (8 if big else 4)
     grid = (cdiv(max(meta.query_lens_cpu[:n_seq]), block_m), Hq, n_seq)
     _prefill_kernel[grid](q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
                           scale * math.log2(math.e), q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
@@ -284,7 +286,7 @@ def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim
                           D_PAD=triton.next_power_of_2(D), num_warps=num_warps, num_stages=num_stages)
     return out
 
-# %% ../nbs/15_kernels.ipynb #850d23fe
+# %% ../nbs/15_kernels.ipynb #43eb79d2
 def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim) queries of the step's new tokens
                            k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                            meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,11 +296,10 @@ def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
     t0, s0 = meta.num_prefill_tokens, meta.num_prefills
     if s0: paged_prefill_attention(q, k_cache, v_cache, meta, scale, out=out[:t0])
     if t0 < q.shape[0]:
-        paged_decode_attention(q[t0:], k_cache, v_cache, meta.block_tables[s0:], meta.seq_lens[s0:], scale,
-                               max_seq_len=max(meta.seq_lens_cpu[s0:]), out=out[t0:])
+        paged_decode_attention(q[t0:], k_cache, v_cache, meta.block_tables[s0:], meta.seq_lens[s0:], scale, out=out[t0:])
     return out
 
-# %% ../nbs/15_kernels.ipynb #41b0302c
+# %% ../nbs/15_kernels.ipynb #e29ccbe0
 @triton.jit
 def _copy_blocks_kernel(pool_ptr, src_ptr, dst_ptr, stride_slab, stride_block, BLOCK_ELEMS: tl.constexpr, CHUNK: tl.constexpr):
     p, slab = tl.program_id(0), tl.program_id(1)  # order p, slab = layer * 2 + (0 for keys, 1 for values)
