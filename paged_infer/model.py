@@ -6,7 +6,7 @@
 __all__ = ['SUPPORTED_ARCHITECTURES', 'UnsupportedModelError', 'ModelConfig', 'rope_inv_freq', 'apply_rope', 'RMSNorm', 'MLP',
            'Attention', 'DecoderLayer', 'LlamaModel', 'LlamaForCausalLM', 'allocate_kv_cache', 'kv_cache_layers']
 
-# %% ../nbs/07_model.ipynb #190c084e
+# %% ../nbs/07_model.ipynb #689a53f3
 import math
 from dataclasses import dataclass, field
 
@@ -16,7 +16,7 @@ from torch import nn
 
 from .attention import AttentionMetadata, paged_attention_ref, store_kv
 
-# %% ../nbs/07_model.ipynb #2a6a225f
+# %% ../nbs/07_model.ipynb #293be44b
 class UnsupportedModelError(ValueError):
     "The checkpoint's architecture or one of its settings is not supported by this model."
 
@@ -71,7 +71,7 @@ class ModelConfig:
                    o_bias=(not qwen) and bool(getattr(hf, 'attention_bias', False)),
                    mlp_bias=bool(getattr(hf, 'mlp_bias', False)), sliding_window=window)
 
-# %% ../nbs/07_model.ipynb #9ae052dd
+# %% ../nbs/07_model.ipynb #9649f4e0
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
     "Inverse frequencies of the rotary embedding, with Llama 3's or linear scaling applied: (head_dim // 2,) float32."
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device='cpu').float() / head_dim))  # on the CPU even when the model is built on 'meta'
@@ -94,7 +94,7 @@ def apply_rope(x: torch.Tensor,  # (num_tokens, num_heads, head_dim)
     rotated = torch.cat((-x2, x1), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
-# %% ../nbs/07_model.ipynb #52e4126f
+# %% ../nbs/07_model.ipynb #222ecb8e
 class RMSNorm(nn.Module):
     "Root-mean-square layer norm, computed in float32."
     def __init__(self, dim: int, eps: float):
@@ -117,7 +117,7 @@ class MLP(nn.Module):
 
     def forward(self, x): return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-# %% ../nbs/07_model.ipynb #11ee7ad5
+# %% ../nbs/07_model.ipynb #2fb840dd
 class Attention(nn.Module):
     "Grouped-query self-attention over the paged KV cache."
     def __init__(self, c: ModelConfig):
@@ -129,13 +129,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, attn_fn):
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, attn_fn, store_fn):
         T = x.shape[0]
         q = apply_rope(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)  # (T, Hq, D)
         k = apply_rope(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # (T, Hkv, D)
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         k_cache, v_cache = kv_cache  # (num_blocks, block_size, Hkv, D) each
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)  # first write this step's K/V, then attend over all of it
+        store_fn(k, v, k_cache, v_cache, meta.slot_mapping)  # first write this step's K/V, then attend over all of it
         o = attn_fn(q, k_cache, v_cache, meta, self.scale)  # (T, Hq, D)
         return self.o_proj(o.reshape(T, -1))
 
@@ -147,11 +147,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv_cache, meta, attn_fn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, attn_fn)
+    def forward(self, x, cos, sin, kv_cache, meta, attn_fn, store_fn):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, attn_fn, store_fn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-# %% ../nbs/07_model.ipynb #52b26c84
+# %% ../nbs/07_model.ipynb #93ec0e37
 class LlamaModel(nn.Module):
     "Embedding, decoder layers and final norm (HF name: `model`)."
     def __init__(self, c: ModelConfig):
@@ -162,9 +162,9 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     "Llama-family causal LM over a paged KV cache; knows nothing of requests."
-    def __init__(self, config: ModelConfig, attn_fn=paged_attention_ref):
+    def __init__(self, config: ModelConfig, attn_fn=paged_attention_ref, store_fn=store_kv):
         super().__init__()
-        self.config, self.attn_fn = config, attn_fn
+        self.config, self.attn_fn, self.store_fn = config, attn_fn, store_fn  # torch reference; Triton kernels on a GPU
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings: self.lm_head.weight = self.model.embed_tokens.weight
@@ -179,14 +179,14 @@ class LlamaForCausalLM(nn.Module):
         emb = torch.cat((angles, angles), dim=-1)
         x = self.model.embed_tokens(input_ids)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # (T, D)
-        for layer, kv in zip(self.model.layers, kv_caches): x = layer(x, cos, sin, kv, meta, self.attn_fn)
+        for layer, kv in zip(self.model.layers, kv_caches): x = layer(x, cos, sin, kv, meta, self.attn_fn, self.store_fn)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         "Logits of the chosen rows only, in float32: (rows, vocab_size)."
         return self.lm_head(hidden).float()
 
-# %% ../nbs/07_model.ipynb #60c7f3c0
+# %% ../nbs/07_model.ipynb #526afdde
 def allocate_kv_cache(c: ModelConfig, num_blocks: int, block_size: int, dtype, device='cpu') -> torch.Tensor:
     "The paged KV pool of all layers: (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)."
     return torch.zeros(c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)

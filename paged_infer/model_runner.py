@@ -6,7 +6,7 @@
 __all__ = ['load_model', 'StepInput', 'num_samples', 'ModelRunner', 'execute', 'copy_blocks', 'swap_out', 'swap_in',
            'check_stop_tokens', 'generate_static']
 
-# %% ../nbs/11_model_runner.ipynb #7c4d588f
+# %% ../nbs/11_model_runner.ipynb #1307437e
 from dataclasses import dataclass
 
 import torch
@@ -17,16 +17,19 @@ from .sampler import Sampler, SamplerOutput, SamplingBatch
 from .sequence import Sequence
 from .weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
 
-# %% ../nbs/11_model_runner.ipynb #838635f6
-def load_model(name_or_path=None, dtype='auto', device='cpu'):
+# %% ../nbs/11_model_runner.ipynb #7348c9fe
+def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto'):
     "Model and tokenizer from a name, folder, GGUF file or hub id; float32 on the CPU and bfloat16 on a GPU by default."
     folder = resolve_model(name_or_path) if name_or_path else resolve_model()
     config = ModelConfig.from_hf(load_hf_config(folder))
     with torch.device('meta'): model = LlamaForCausalLM(config)
     load_weights(model, folder, parse_dtype(dtype, device), device)
+    if attention == 'triton' or (attention == 'auto' and torch.device(device).type == 'cuda'):
+        from paged_infer.kernels import paged_attention_triton, store_kv_triton  # chapter 15; needs a GPU
+        model.attn_fn, model.store_fn = paged_attention_triton, store_kv_triton
     return model.eval(), load_tokenizer(folder)
 
-# %% ../nbs/11_model_runner.ipynb #89d4ea77
+# %% ../nbs/11_model_runner.ipynb #e6d782e5
 @dataclass
 class StepInput:
     "One step's flat batch, ready for the model."
@@ -72,7 +75,7 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)
         return StepInput(as_long(ids), as_long(pos), meta, as_long(rows), sampled)
 
-# %% ../nbs/11_model_runner.ipynb #a5eb0216
+# %% ../nbs/11_model_runner.ipynb #ab61b50e
 @torch.inference_mode()
 def execute(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: list):
     "Run one step; returns the sequences that sampled a token and the sampler's output for them (row i = sequence i)."
@@ -89,7 +92,7 @@ def execute(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: l
 
 ModelRunner.execute = execute
 
-# %% ../nbs/11_model_runner.ipynb #5ef2c09b
+# %% ../nbs/11_model_runner.ipynb #2e206f37
 def _pairs(pairs, device):
     src, dst = zip(*pairs)
     return torch.tensor(src, device=device), torch.tensor(dst, device=device)
@@ -98,7 +101,10 @@ def copy_blocks(self: ModelRunner, pairs: list):
     "Carry out copy-on-write orders `(src, dst)` inside the KV pool."
     if not pairs: return
     src, dst = _pairs(pairs, self.device)
-    self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+    if self.device.type == 'cuda' and not {s for s, _ in pairs} & {d for _, d in pairs}:
+        from paged_infer.kernels import copy_blocks_triton  # one launch, all orders in parallel (chapter 15)
+        copy_blocks_triton(self.kv_cache, src, dst)
+    else: self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]  # gathers every source before writing: safe if a block is both
 
 def swap_out(self: ModelRunner, pairs: list):
     "Copy blocks `(gpu, cpu)` from the KV pool to the swap pool."
@@ -114,7 +120,7 @@ def swap_in(self: ModelRunner, pairs: list):
 
 ModelRunner.copy_blocks, ModelRunner.swap_out, ModelRunner.swap_in = copy_blocks, swap_out, swap_in
 
-# %% ../nbs/11_model_runner.ipynb #36b57351
+# %% ../nbs/11_model_runner.ipynb #0aa828c1
 from .block_manager import BlockManager
 from .sequence import FinishReason, SequenceStatus
 
