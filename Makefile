@@ -24,11 +24,14 @@ $(STAMP): settings.ini setup.py
 
 install: $(STAMP)
 
-# Main job. Until the OpenAI server lands (issue 6) this runs the offline demo on the default model.
+# Main job: the OpenAI-compatible server on the default model (SmolLM2-135M-Instruct), offline, on port 8000.
+SERVE_ARGS ?= --host 127.0.0.1 --port 8000
 serve: install
-	$(VENV)/bin/paged-infer demo
+	$(VENV)/bin/paged-infer serve $(SERVE_ARGS)
 
-demo: serve
+# The offline demo: the engine answers a few chat requests, no server.
+demo: install
+	$(VENV)/bin/paged-infer demo
 
 test: install
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -1,0 +1,347 @@
+"""The OpenAI-compatible server, end to end: a real uvicorn on loopback and the official `openai` client.
+
+Chat and completions, streamed and not; n=2, stop strings, seeds, logprobs, echo, several prompts; greedy results
+identical to the offline `LLM`; a table of bad requests each answered with the right 4xx in OpenAI's error shape;
+the API key and the body limit; concurrent streaming clients and clients that hang up mid-stream leave the KV pool
+all free; the OpenAPI schema fuzzed (schemathesis) without a 5xx.
+"""
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from paged_infer.async_engine import AsyncLLMEngine
+from paged_infer.engine import LLM, EngineConfig
+from paged_infer.sampling_params import SamplingParams
+from paged_infer.server import ServerThread, build_app
+
+NAME = 'SmolLM2-135M-Instruct'
+BLOCKS = 256
+KEY = 'sk-test-key'
+MAX_BODY = 4096
+CFG = dict(num_gpu_blocks=BLOCKS, max_model_len=1024, max_num_seqs=16)
+Q = [{'role': 'user', 'content': 'What is the capital of France?'}]
+
+
+@pytest.fixture(scope='module')
+def server():
+    """One engine; two apps over it: an open one, and one with an API key and a small body limit."""
+    engine = AsyncLLMEngine.from_config(EngineConfig(**CFG), max_wait_ms=5)
+    open_app = build_app(engine, NAME)
+    key_app = build_app(engine, NAME, api_key=KEY, max_body_bytes=MAX_BODY)
+    with ServerThread(open_app) as url, ServerThread(key_app) as key_url:
+        yield {'url': url, 'key_url': key_url, 'engine': engine}
+    engine.shutdown()
+
+
+@pytest.fixture(scope='module')
+def client(server):
+    return openai.OpenAI(base_url=server['url'] + '/v1', api_key='unused', max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope='module')
+def offline():
+    return LLM(**{**CFG, 'num_gpu_blocks': 64})
+
+
+def wait_pool_free(engine, blocks=BLOCKS, timeout=20.0):
+    """The KV pool back to all free and no request left, within `timeout` seconds."""
+    eng, t0 = engine.engine, time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if eng.block_manager.num_free_blocks == blocks and not eng.has_unfinished_requests(): return True
+        time.sleep(0.05)
+    return False
+
+
+def test_models_health_version(server):
+    u = server['url']
+    models = httpx.get(f'{u}/v1/models').json()
+    assert models['object'] == 'list' and [m['id'] for m in models['data']] == [NAME]
+    assert httpx.get(f'{u}/health').status_code == 200
+    assert 'version' in httpx.get(f'{u}/version').json()
+    schema = httpx.get(f'{u}/openapi.json').json()
+    assert {'/v1/chat/completions', '/v1/completions', '/v1/models'} <= set(schema['paths'])
+
+
+def test_chat_greedy_matches_offline(client, offline):
+    r = client.chat.completions.create(model=NAME, messages=Q, temperature=0, max_tokens=16)
+    ref = offline.chat(Q, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0]
+    assert r.object == 'chat.completion' and r.choices[0].message.role == 'assistant'
+    assert r.choices[0].message.content == ref.text
+    assert r.usage.completion_tokens == len(ref.token_ids) and r.choices[0].finish_reason == ref.finish_reason
+
+
+def test_completions_greedy_matches_offline(client, offline):
+    prompt = 'The three primary colors are'
+    r = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=12)
+    ref = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+    assert r.choices[0].text == ref.outputs[0].text and r.usage.prompt_tokens == len(ref.prompt_token_ids)
+    # token ids as the prompt give the same answer
+    r2 = client.completions.create(model=NAME, prompt=ref.prompt_token_ids, temperature=0, max_tokens=12)
+    assert r2.choices[0].text == ref.outputs[0].text
+
+
+def test_chat_stream(client):
+    resp = client.chat.completions.create(model=NAME, messages=Q, temperature=0, max_tokens=12)
+    full = resp.choices[0]
+    chunks = list(client.chat.completions.create(model=NAME, messages=Q, temperature=0, max_tokens=12, stream=True,
+                                                 stream_options={'include_usage': True}))
+    assert all(c.object == 'chat.completion.chunk' for c in chunks)
+    assert chunks[0].choices[0].delta.role == 'assistant'
+    text = ''.join(c.choices[0].delta.content or '' for c in chunks if c.choices)
+    assert text == full.message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [full.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage == resp.usage
+
+
+def test_completions_stream_and_several_prompts(client):
+    prompts = ['Once upon a time', 'def add(a, b):']
+    single = [client.completions.create(model=NAME, prompt=p, temperature=0, max_tokens=8).choices[0].text for p in prompts]
+    both = client.completions.create(model=NAME, prompt=prompts, temperature=0, max_tokens=8)
+    assert [c.index for c in both.choices] == [0, 1] and [c.text for c in both.choices] == single
+    text = {0: '', 1: ''}
+    for ch in client.completions.create(model=NAME, prompt=prompts, temperature=0, max_tokens=8, stream=True):
+        for c in ch.choices: text[c.index] += c.text
+    assert [text[0], text[1]] == single
+
+
+def test_n2_seed_stop_echo(client):
+    a = client.chat.completions.create(model=NAME, messages=Q, temperature=1.0, max_tokens=10, n=2, seed=1234)
+    b = client.chat.completions.create(model=NAME, messages=Q, temperature=1.0, max_tokens=10, n=2, seed=1234)
+    assert [c.index for c in a.choices] == [0, 1]
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices], 'same seed, same samples'
+    s1 = client.completions.create(model=NAME, prompt='Count: 1, 2, 3,', temperature=0.8, max_tokens=10, seed=99)
+    s2 = client.completions.create(model=NAME, prompt='Count: 1, 2, 3,', temperature=0.8, max_tokens=10, seed=99)
+    assert s1.choices[0].text == s2.choices[0].text
+    greedy = client.completions.create(model=NAME, prompt='Count: 1, 2, 3,', temperature=0, max_tokens=12).choices[0].text
+    stop = greedy.strip()[2:4] if len(greedy.strip()) >= 4 else greedy.strip()[-1]
+    cut = client.completions.create(model=NAME, prompt='Count: 1, 2, 3,', temperature=0, max_tokens=12, stop=[stop]).choices[0]
+    assert cut.finish_reason == 'stop' and stop not in cut.text and greedy.startswith(cut.text)
+    e = client.completions.create(model=NAME, prompt='Count: 1, 2, 3,', temperature=0, max_tokens=4, echo=True)
+    assert e.choices[0].text.startswith('Count: 1, 2, 3,')
+    n2 = client.completions.create(model=NAME, prompt='Hello', temperature=1.0, max_tokens=4, n=2, seed=3)
+    assert [c.index for c in n2.choices] == [0, 1]
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model=NAME, messages=Q, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert abs(t.logprob - t.top_logprobs[0].logprob) < 1e-5, 'greedy picks the most likely token'
+    assert ''.join(t.token for t in content) == r.choices[0].message.content
+    c = client.completions.create(model=NAME, prompt='The sky is', temperature=0, max_tokens=5, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert all(len(d) <= 2 for d in lp.top_logprobs) and lp.text_offset[0] == 0
+
+
+def _post(url, path, body=None, raw=None, headers=None):
+    if raw is not None:
+        return httpx.post(url + path, content=raw, headers={'content-type': 'application/json', **(headers or {})}, timeout=60)
+    return httpx.post(url + path, json=body, headers=headers, timeout=60)
+
+
+CHAT = {'model': NAME, 'messages': Q, 'max_tokens': 4}
+COMP = {'model': NAME, 'prompt': 'Hi', 'max_tokens': 4}
+BAD = [  # (path, body or raw bytes, status, param)
+    ('/v1/chat/completions', {**CHAT, 'temperature': -1}, 400, 'temperature'),
+    ('/v1/chat/completions', {**CHAT, 'top_p': 0}, 400, 'top_p'),
+    ('/v1/chat/completions', {**CHAT, 'top_p': 1.5}, 400, 'top_p'),
+    ('/v1/chat/completions', {**CHAT, 'n': 0}, 400, 'n'),
+    ('/v1/chat/completions', {**CHAT, 'n': 10**6}, 400, 'n'),
+    ('/v1/chat/completions', {**CHAT, 'max_tokens': 0}, 400, 'max_tokens'),
+    ('/v1/chat/completions', {**CHAT, 'max_tokens': 5000}, 400, 'max_tokens'),
+    ('/v1/chat/completions', {**CHAT, 'temperature': 'hot'}, 400, 'temperature'),
+    ('/v1/chat/completions', {**CHAT, 'n': '2'}, 400, 'n'),
+    ('/v1/chat/completions', {**CHAT, 'stream': 'yes'}, 400, 'stream'),
+    ('/v1/chat/completions', {**CHAT, 'tools': []}, 400, 'tools'),
+    ('/v1/chat/completions', {**CHAT, 'response_format': {'type': 'json_object'}}, 400, 'response_format'),
+    ('/v1/chat/completions', {**CHAT, 'messages': []}, 400, 'messages'),
+    ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'robot', 'content': 'x'}]}, 400, 'messages.0.role'),
+    ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': 'x'}}]}]}, 400, None),
+    ('/v1/chat/completions', {**CHAT, 'top_logprobs': 2}, 400, 'top_logprobs'),
+    ('/v1/chat/completions', {**CHAT, 'logprobs': True, 'top_logprobs': 50}, 400, 'logprobs'),
+    ('/v1/chat/completions', {**CHAT, 'stream_options': {'include_usage': True}}, 400, 'stream_options'),
+    ('/v1/chat/completions', {**CHAT, 'stream': True, 'n': 1, 'best_of': 2}, 400, 'stream'),
+    ('/v1/chat/completions', {**CHAT, 'logit_bias': {'99999999': 1}}, 400, 'logit_bias'),
+    ('/v1/chat/completions', {**CHAT, 'seed': 2**70}, 400, 'seed'),
+    ('/v1/chat/completions', {**CHAT, 'stop': ''}, 400, 'stop'),
+    ('/v1/chat/completions', {**CHAT, 'model': 'gpt-4'}, 404, 'model'),
+    ('/v1/chat/completions', {'messages': Q}, 400, 'model'),
+    ('/v1/chat/completions', b'{"model": "x", ', 400, None),
+    ('/v1/chat/completions', b'[1, 2, 3]', 400, None),
+    ('/v1/chat/completions', b'', 400, None),
+    ('/v1/completions', {**COMP, 'prompt': ''}, 400, 'prompt'),
+    ('/v1/completions', {**COMP, 'prompt': []}, 400, 'prompt'),
+    ('/v1/completions', {**COMP, 'prompt': [-1, 5]}, 400, 'prompt'),
+    ('/v1/completions', {**COMP, 'prompt': [10**9]}, 400, 'prompt'),
+    ('/v1/completions', {**COMP, 'prompt': 3}, 400, 'prompt'),
+    ('/v1/completions', {**COMP, 'suffix': 'x'}, 400, 'suffix'),
+    ('/v1/completions', {**COMP, 'logprobs': 2, 'echo': True}, 400, 'echo'),
+    ('/v1/completions', {**COMP, 'min_tokens': 9}, 400, 'min_tokens'),
+    ('/v1/completions', {**COMP, 'presence_penalty': 3}, 400, 'presence_penalty'),
+    ('/v1/completions', {**COMP, 'model': 'nope'}, 404, 'model'),
+    ('/v1/nothing', {}, 404, None),
+]
+
+
+@pytest.mark.parametrize('path,body,status,param', BAD, ids=[f'{i}-{b[0].split("/")[-1]}' for i, b in enumerate(BAD)])
+def test_bad_requests(server, path, body, status, param):
+    r = _post(server['url'], path, **({'raw': body} if isinstance(body, bytes) else {'body': body}))
+    assert r.status_code == status, r.text
+    err = r.json()['error']
+    assert set(err) == {'message', 'type', 'param', 'code'} and err['message']
+    if param is not None: assert err['param'] == param, err
+
+
+def test_openai_client_raises_on_bad_requests(client):
+    with pytest.raises(openai.BadRequestError): client.chat.completions.create(model=NAME, messages=Q, temperature=-1, max_tokens=4)
+    with pytest.raises(openai.NotFoundError): client.chat.completions.create(model='gpt-4', messages=Q, max_tokens=4)
+
+
+def test_api_key_and_body_limit(server):
+    u = server['key_url']
+    for headers in [None, {'Authorization': 'Bearer wrong'}, {'Authorization': KEY}]:
+        r = _post(u, '/v1/completions', COMP, headers=headers)
+        assert r.status_code == 401 and r.json()['error']['code'] == 'invalid_api_key'
+    assert httpx.get(f'{u}/health').status_code == 200, '/health needs no key'
+    ok = openai.OpenAI(base_url=u + '/v1', api_key=KEY, max_retries=0)
+    assert ok.completions.create(model=NAME, prompt='Hi', max_tokens=2).usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=u + '/v1', api_key='wrong', max_retries=0).models.list()
+    big = {**COMP, 'prompt': 'x' * (MAX_BODY + 10)}
+    r = _post(u, '/v1/completions', big, headers={'Authorization': f'Bearer {KEY}'})
+    assert r.status_code == 413 and r.json()['error']['code'] == 'request_too_large'
+    def chunked():  # no content-length: the limit still holds
+        yield json.dumps(big).encode()
+    r = httpx.post(u + '/v1/completions', content=chunked(), headers={'Authorization': f'Bearer {KEY}'})
+    assert r.status_code == 413
+
+
+def test_concurrent_streams_then_pool_free(server):
+    aclient = openai.AsyncOpenAI(base_url=server['url'] + '/v1', api_key='unused', max_retries=0, timeout=120)
+    questions = ['Name a fruit.', 'Name a planet.', 'What is 3 + 4?', 'Say hello.', 'Name a color.', 'Name a river.',
+                 'What is rain?', 'Name a bird.']
+
+    async def one(q, max_tokens):
+        text, reasons = '', []
+        stream = await aclient.chat.completions.create(model=NAME, messages=[{'role': 'user', 'content': q}],
+                                                       temperature=0.7, seed=len(q), max_tokens=max_tokens, stream=True)
+        async for ch in stream:
+            for c in ch.choices:
+                text += c.delta.content or ''
+                if c.finish_reason: reasons.append(c.finish_reason)
+        return text, reasons
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(*[one(q, 6 + i) for i, q in enumerate(questions)]), 90)
+    results = asyncio.run(main())
+    assert len(results) == 8 and all(len(r) == 1 and r[0] in ('stop', 'length') for _, r in results)
+    assert wait_pool_free(server['engine'])
+    server['engine'].engine.block_manager.check_invariants()
+
+
+def test_disconnect_mid_stream_frees_blocks(server, client):
+    body = {'model': NAME, 'prompt': 'Write a long story about a dragon.', 'max_tokens': 800, 'ignore_eos': True,
+            'stream': True, 'temperature': 0}
+    with httpx.stream('POST', server['url'] + '/v1/completions', json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith('data: '): seen += 1
+            if seen == 3: break
+    assert seen == 3
+    assert wait_pool_free(server['engine'], timeout=5), 'the abandoned request was aborted and its blocks freed'
+    stream = client.chat.completions.create(model=NAME, messages=Q, max_tokens=800, stream=True,
+                                            extra_body={'ignore_eos': True})  # the same with the official client
+    next(iter(stream)); next(iter(stream))
+    stream.close()
+    assert wait_pool_free(server['engine'], timeout=5)
+
+
+def test_disconnect_before_a_whole_answer_frees_blocks(server):
+    body = {'model': NAME, 'prompt': 'Write a long story about a dragon.', 'max_tokens': 800, 'ignore_eos': True}
+    with pytest.raises(httpx.ReadTimeout):  # 800 tokens take far longer than the 1 s read timeout plus the 5 s below
+        httpx.post(server['url'] + '/v1/completions', json=body, timeout=httpx.Timeout(60, read=1.0))
+    assert wait_pool_free(server['engine'], timeout=5), 'the client timed out: its request was aborted'
+
+
+def test_metrics(server, client):
+    client.completions.create(model=NAME, prompt='Hi', max_tokens=3)
+    m = httpx.get(server['url'] + '/metrics').text
+    for name in ['num_requests_running', 'num_requests_waiting', 'num_requests_swapped', 'kv_cache_usage_perc',
+                 'gpu_cache_usage_perc', 'num_preemptions_total', 'prefix_cache_queries_total', 'prefix_cache_hits_total',
+                 'prompt_tokens_total', 'generation_tokens_total', 'time_to_first_token_seconds_bucket',
+                 'inter_token_latency_seconds_bucket', 'e2e_request_latency_seconds_count', 'request_success_total']:
+        assert f'paged_infer:{name}' in m, name
+    gen = [l for l in m.splitlines() if l.startswith('paged_infer:generation_tokens_total')]
+    assert gen and float(gen[0].split()[-1]) > 0
+
+
+def test_openapi_fuzz_no_server_error():
+    """The OpenAPI schema fuzzed by schemathesis: never a 5xx, every error in OpenAI's shape.
+
+    Its own server over a tiny engine (short model length, few sequences), so that any accepted request is quick."""
+    engine = AsyncLLMEngine.from_config(EngineConfig(num_gpu_blocks=64, max_model_len=48, max_num_seqs=4), max_wait_ms=1)
+    seen = []
+    try:
+        with ServerThread(build_app(engine, NAME)) as url:
+            schema = schemathesis.openapi.from_url(url + '/openapi.json')
+            for result in schema.get_all_operations():
+                op = result.ok()
+
+                @given(case=op.as_strategy())
+                @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+                          database=None)
+                def check(case):
+                    if isinstance(case.body, dict):
+                        case.body['model'] = NAME  # past the 404: unknown models are tested above
+                        for k in ('max_tokens', 'max_completion_tokens'):  # keep accepted requests short (CI time)
+                            v = case.body.get(k)
+                            if isinstance(v, int) and not isinstance(v, bool) and v > 8: case.body[k] = 8
+                    response = case.call(timeout=60)
+                    seen.append(response.status_code)
+                    assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+                    if response.status_code >= 400:
+                        assert set(response.json()['error']) == {'message', 'type', 'param', 'code'}, response.text
+                check()
+            assert wait_pool_free(engine, 64)
+    finally: engine.shutdown()
+    assert len(seen) >= 30 and seen.count(200) >= 8, 'the fuzz got past validation too'
+
+
+def test_cli_serve_logs_pool_and_stops_on_sigterm(tmp_path):
+    """`paged-infer serve` in a subprocess: startup log with the KV pool, a request served, exit 0 on SIGTERM."""
+    with socket.socket() as sk:
+        sk.bind(('127.0.0.1', 0)); port = sk.getsockname()[1]
+    log = open(tmp_path / 'serve.log', 'w+')
+    cmd = [sys.executable, '-c', 'import sys; from paged_infer.cli import main; sys.exit(main())', 'serve', '--host', '127.0.0.1',
+           '--port', str(port), '--num-gpu-blocks-override', '64', '--max-model-len', '512', '--served-model-name', 'tiny',
+           '--api-key', KEY, '--uvicorn-log-level', 'warning']
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url, t0 = f'http://127.0.0.1:{port}', time.monotonic()
+        while time.monotonic() - t0 < 120:
+            try:
+                if httpx.get(url + '/health', timeout=1).status_code == 200: break
+            except httpx.TransportError: time.sleep(0.25)
+        c = openai.OpenAI(base_url=url + '/v1', api_key=KEY, max_retries=0, timeout=60)
+        assert [m.id for m in c.models.list().data] == ['tiny']
+        assert c.completions.create(model='tiny', prompt='Hi', max_tokens=2).usage.completion_tokens >= 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+    log.seek(0); text = log.read()
+    assert 'KV pool: 64 blocks x 16 tokens = 1024 tokens' in text and 'engine stopped' in text, text
