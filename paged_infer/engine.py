@@ -7,7 +7,7 @@ __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_
            'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
            'has_unfinished_requests', 'stats', 'LLM']
 
-# %% ../nbs/13_engine.ipynb #71c467d5
+# %% ../nbs/13_engine.ipynb #08c5fb37
 import dataclasses
 import itertools
 import time
@@ -18,13 +18,13 @@ import torch
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .model import ModelConfig
-from .model_runner import ModelRunner, load_model
+from .model_runner import ModelRunner, graph_batch_sizes, load_model
 from .sampler import Sampler, seeded_generator
 from .sampling_params import SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/13_engine.ipynb #28f831e1
+# %% ../nbs/13_engine.ipynb #00be4c6b
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
@@ -48,6 +48,7 @@ class EngineConfig:
     preemption_mode: str = 'recompute'
     policy: str = 'fcfs'
     seed: int = 0  # for requests without a seed of their own
+    enforce_eager: bool = False  # on a GPU, never replay decode steps through CUDA graphs
 
     def __post_init__(self):
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): raise EngineConfigError(f'block_size {self.block_size}: a power of two up to 128')
@@ -55,7 +56,7 @@ class EngineConfig:
         if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0: raise EngineConfigError('memory sizes must be positive')
         if self.device == 'auto': self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
 
-# %% ../nbs/13_engine.ipynb #f0da7bfb
+# %% ../nbs/13_engine.ipynb #56f74a4a
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
@@ -89,7 +90,7 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
     return n
 
-# %% ../nbs/13_engine.ipynb #dac7034b
+# %% ../nbs/13_engine.ipynb #fe7d62a9
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
@@ -128,7 +129,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
 
-# %% ../nbs/13_engine.ipynb #78a7ea81
+# %% ../nbs/13_engine.ipynb #f7d4e027
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -153,6 +154,8 @@ class LLMEngine:
                                                    c.preemption_mode, c.policy), self.block_manager)
         g = torch.Generator(device=self.model.lm_head.weight.device); g.manual_seed(c.seed)
         self.runner = ModelRunner(self.model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id, Sampler(g))
+        if self.runner.device.type == 'cuda' and not c.enforce_eager:  # chapter 11: decode steps as CUDA graphs
+            self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
         self.detoks: dict = {}  # seq id -> IncrementalDetokenizer
         self.num_prompt_tokens = self.num_generation_tokens = 0
@@ -165,7 +168,7 @@ class LLMEngine:
         "How many sequences of `max_model_len` tokens the pool holds at once."
         return self.num_gpu_blocks * self.config.block_size / self.max_model_len
 
-# %% ../nbs/13_engine.ipynb #ad3e7bfb
+# %% ../nbs/13_engine.ipynb #181f3d5c
 def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None):
     "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
     params = params or SamplingParams()
@@ -219,7 +222,7 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
 LLMEngine.abort, LLMEngine._forget = abort, _forget
 
-# %% ../nbs/13_engine.ipynb #e693b9de
+# %% ../nbs/13_engine.ipynb #d1707344
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
     out = self.scheduler.schedule()
@@ -233,7 +236,7 @@ def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 
-# %% ../nbs/13_engine.ipynb #313646f0
+# %% ../nbs/13_engine.ipynb #77097f2c
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     B = self.block_manager.block_size
@@ -274,7 +277,7 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #0ec73312
+# %% ../nbs/13_engine.ipynb #f6eb1367
 def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
     "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
     p = s.params
@@ -296,7 +299,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
 
 LLMEngine._append = _append
 
-# %% ../nbs/13_engine.ipynb #635d9b59
+# %% ../nbs/13_engine.ipynb #84741c8c
 def _beam_score(logprob: float, length: int, alpha: float) -> float:
     return logprob / (length ** alpha)
 
@@ -344,7 +347,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
 
 LLMEngine._beam_step = _beam_step
 
-# %% ../nbs/13_engine.ipynb #e1c22eb5
+# %% ../nbs/13_engine.ipynb #5cb05768
 def _completion(self: LLMEngine, s: Sequence, index: int) -> CompletionOutput:
     d = self.detoks.get(s.seq_id)
     text = d.text if d is not None else ''
@@ -373,7 +376,7 @@ def stats(self: LLMEngine) -> EngineStats:
 
 LLMEngine._completion, LLMEngine._output, LLMEngine.stats = _completion, _output, stats
 
-# %% ../nbs/13_engine.ipynb #1af90772
+# %% ../nbs/13_engine.ipynb #5c3bef0e
 from tqdm.auto import tqdm
 
 class LLM:

@@ -6,7 +6,7 @@
 __all__ = ['KernelInputError', 'interpreted', 'store_kv_triton', 'num_sms', 'decode_num_splits', 'paged_decode_attention',
            'paged_prefill_attention', 'paged_attention_triton', 'copy_blocks_triton']
 
-# %% ../nbs/15_kernels.ipynb #2555066e
+# %% ../nbs/15_kernels.ipynb #95652614
 import math
 
 import torch
@@ -16,7 +16,7 @@ import triton.language as tl
 from .attention import AttentionMetadata
 from .block_table import cdiv
 
-# %% ../nbs/15_kernels.ipynb #5b97c208
+# %% ../nbs/15_kernels.ipynb #f8c1bb09
 class KernelInputError(ValueError):
     "An input a kernel cannot take: wrong shape, dtype, device or memory layout."
 
@@ -38,7 +38,7 @@ def _check_cache(k_cache, v_cache):
            f'v_cache {v_cache.dtype} {tuple(v_cache.shape)} differs from k_cache {k_cache.dtype} {tuple(k_cache.shape)}')
     _check(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, 'the caches must be contiguous in head_dim')
 
-# %% ../nbs/15_kernels.ipynb #ab2858fb
+# %% ../nbs/15_kernels.ipynb #5b21b62d
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh,  # token and head strides of k and v
@@ -56,7 +56,7 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     tl.store(kc_ptr + blk * stride_kcb + row * stride_kct + h * stride_kch + d, k.to(kc_ptr.dtype.element_ty), mask=mask)
     tl.store(vc_ptr + blk * stride_vcb + row * stride_vct + h * stride_vch + d, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
-# %% ../nbs/15_kernels.ipynb #42a0ef45
+# %% ../nbs/15_kernels.ipynb #0718fe6a
 def store_kv_triton(k: torch.Tensor, v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim) new keys / values
                     k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                     slot_mapping: torch.Tensor):  # (num_tokens,) int64 or int32; a negative slot is skipped
@@ -74,17 +74,18 @@ def store_kv_triton(k: torch.Tensor, v: torch.Tensor,  # (num_tokens, num_kv_hea
                            *k_cache.stride()[:3], *v_cache.stride()[:3],
                            NUM_KV_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=k_cache.shape[1], BLOCK=triton.next_power_of_2(H * D))
 
-# %% ../nbs/15_kernels.ipynb #0d31fcab
+# %% ../nbs/15_kernels.ipynb #fdf69a4e
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, scale_log2,
                    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                   stride_bt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh, tokens_per_split,
+                   stride_bt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLIT: tl.constexpr):
     kvh, split, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # heads vary fastest: a sequence's rows are read together
     L = tl.load(lens_ptr + s)
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, L)
+    per = tl.cdiv(tl.cdiv(L, tl.num_programs(1)), BLOCK_N) * BLOCK_N  # this sequence's positions per split, whole tiles
+    start = split * per
+    end = tl.minimum(start + per, L)
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D_PAD)
     heads, gmask, dmask = kvh * GROUP + g, g < GROUP, d < HEAD_DIM
     q = tl.load(q_ptr + s * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
@@ -113,7 +114,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, scal
     else:
         tl.store(out_ptr + s * stride_ot + heads[:, None] * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
 
-# %% ../nbs/15_kernels.ipynb #fdc1a4f3
+# %% ../nbs/15_kernels.ipynb #8d2f98d4
 @triton.jit
 def _decode_reduce_kernel(part_ptr, lse_ptr, out_ptr, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                           stride_ot, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -130,7 +131,7 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, out_ptr, stride_pt, stride_ph, stri
     o = tl.sum(part * w[:, None], 0) / tl.where(wsum == 0.0, 1.0, wsum)
     tl.store(out_ptr + s * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=dmask)
 
-# %% ../nbs/15_kernels.ipynb #29229974
+# %% ../nbs/15_kernels.ipynb #05826b96
 _NUM_SMS = {}
 
 def num_sms(device) -> int:
@@ -148,7 +149,7 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     limit = min(4 * num_sms // max(programs, 1), cdiv(max_seq_len, min_tokens_per_split), max_splits)
     return 1 << max(limit, 1).bit_length() - 1  # the largest power of two <= limit
 
-# %% ../nbs/15_kernels.ipynb #05221935
+# %% ../nbs/15_kernels.ipynb #17bb5b30
 def _check_attention(q, k_cache, v_cache, block_tables, seq_lens):
     _check_cache(k_cache, v_cache)
     _check(q.dim() == 3 and q.shape[2] == k_cache.shape[3] and q.shape[1] % k_cache.shape[2] == 0,
@@ -167,7 +168,7 @@ def paged_decode_attention(q: torch.Tensor,  # (num_seqs, num_heads, head_dim): 
                            max_seq_len: int | None = None,  # host bound on seq_lens (default: what the tables hold); never exceeded
                            num_splits: int | None = None,  # programs per (sequence, KV head) (default: decode_num_splits)
                            out: torch.Tensor | None = None,  # (num_seqs, num_heads, head_dim)
-                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                           block_n: int = 64, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
     "Attention of one query token per sequence over its paged K/V (Triton), split over the context when the GPU would idle."
     _check_attention(q, k_cache, v_cache, block_tables, seq_lens)
     _check(q.shape[0] == seq_lens.shape[0], f'one query token per sequence: q has {q.shape[0]}, seq_lens {seq_lens.shape[0]}')
@@ -179,8 +180,9 @@ def paged_decode_attention(q: torch.Tensor,  # (num_seqs, num_heads, head_dim): 
     if S == 0: return out
     if max_seq_len is None: max_seq_len = block_tables.shape[1] * BS
     if num_splits is None: num_splits = decode_num_splits(S, Hkv, max_seq_len, num_sms(q.device))
-    per_split = cdiv(cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n  # positions per split, whole tiles
-    num_splits = cdiv(max(max_seq_len, 1), per_split)  # no split wholly past max_seq_len
+    per_split = cdiv(cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n  # positions per split at the longest
+    num_splits = cdiv(max(max_seq_len, 1), per_split)  # none wholly past max_seq_len (each sequence divides its own length)
+    if num_stages is None: num_stages = 3 if num_splits == 1 else 2  # measured on an H200 (kernels/NOTES.md, run 4)
     meta = dict(GROUP=Hq // Hkv, GROUP_PAD=max(16, triton.next_power_of_2(Hq // Hkv)), BLOCK_SIZE=BS, BLOCK_N=block_n,
                 HEAD_DIM=D, D_PAD=triton.next_power_of_2(D), num_warps=num_warps, num_stages=num_stages)
     args = (q, k_cache, v_cache, block_tables, seq_lens)
@@ -188,18 +190,18 @@ def paged_decode_attention(q: torch.Tensor,  # (num_seqs, num_heads, head_dim): 
     scale_log2 = scale * math.log2(math.e)
     if num_splits == 1:
         _decode_kernel[(Hkv, 1, S)](*args, out, out, scale_log2, *strides, out.stride(0), out.stride(1), 0, 0, 0,
-                                    per_split, SPLIT=False, **meta)
+                                    SPLIT=False, **meta)
         return out
     part = torch.empty(S, Hq, num_splits, D, dtype=torch.float32, device=q.device)  # each split's normalised output
     lse = torch.empty(S, Hq, num_splits, dtype=torch.float32, device=q.device)  # and its log2-sum-exp
     _decode_kernel[(Hkv, num_splits, S)](*args, part, lse, scale_log2, *strides, *part.stride()[:3], *lse.stride()[:2],
-                                         per_split, SPLIT=True, **meta)
+                                         SPLIT=True, **meta)
     _decode_reduce_kernel[(S, Hq)](part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
                                    NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
                                    HEAD_DIM=D, D_PAD=triton.next_power_of_2(D))
     return out
 
-# %% ../nbs/15_kernels.ipynb #58109ccd
+# %% ../nbs/15_kernels.ipynb #eaf3af29
 @triton.jit
 def _attend_tile(q, k_ptr, v_ptr, bt_row, kvh, n0, pos, L, m_i, l_i, acc, scale_log2, d, dmask,
                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -222,7 +224,7 @@ def _attend_tile(q, k_ptr, v_ptr, bt_row, kvh, n0, pos, L, m_i, l_i, acc, scale_
     alpha, p = tl.exp2(m_i - m_new), tl.exp2(s_ij - m_new[:, None])
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
-# %% ../nbs/15_kernels.ipynb #fe3574f2
+# %% ../nbs/15_kernels.ipynb #43aa1487
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, scale_log2,
                     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -259,7 +261,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, sca
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=mmask[:, None] & dmask[None, :])
 
-# %% ../nbs/15_kernels.ipynb #2749d3f5
+# %% ../nbs/15_kernels.ipynb #f44195bd
 def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim): the step's new tokens, prefills first
                             k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                             meta: AttentionMetadata, scale: float,
@@ -286,7 +288,7 @@ def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim
                           D_PAD=triton.next_power_of_2(D), num_warps=num_warps, num_stages=num_stages)
     return out
 
-# %% ../nbs/15_kernels.ipynb #43eb79d2
+# %% ../nbs/15_kernels.ipynb #038364eb
 def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim) queries of the step's new tokens
                            k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                            meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -299,7 +301,7 @@ def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
         paged_decode_attention(q[t0:], k_cache, v_cache, meta.block_tables[s0:], meta.seq_lens[s0:], scale, out=out[t0:])
     return out
 
-# %% ../nbs/15_kernels.ipynb #e29ccbe0
+# %% ../nbs/15_kernels.ipynb #230431a2
 @triton.jit
 def _copy_blocks_kernel(pool_ptr, src_ptr, dst_ptr, stride_slab, stride_block, BLOCK_ELEMS: tl.constexpr, CHUNK: tl.constexpr):
     p, slab = tl.program_id(0), tl.program_id(1)  # order p, slab = layer * 2 + (0 for keys, 1 for values)
