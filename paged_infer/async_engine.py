@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['EngineDeadError', 'AsyncLLMEngine', 'generate', 'abort', 'shutdown']
 
-# %% ../nbs/14_async_engine.ipynb #18f5cc40
+# %% ../nbs/14_async_engine.ipynb #7ef5eb26
 import asyncio
 import queue
 import threading
@@ -15,7 +15,7 @@ import uuid
 from .engine import EngineConfig, LLMEngine, RequestOutput
 from .sampling_params import SamplingParams
 
-# %% ../nbs/14_async_engine.ipynb #87c2477a
+# %% ../nbs/14_async_engine.ipynb #4aee9a60
 class EngineDeadError(RuntimeError):
     "The engine thread has stopped; no request can be served."
 
@@ -38,7 +38,7 @@ class AsyncLLMEngine:
     @property
     def is_running(self) -> bool: return self._thread.is_alive()
 
-# %% ../nbs/14_async_engine.ipynb #3e3b16c0
+# %% ../nbs/14_async_engine.ipynb #0fd14029
 def _drain(self: AsyncLLMEngine, block: bool):
     "Apply queued adds and aborts; when `block`, wait for a first message, then up to max_wait for more."
     if block:
@@ -81,12 +81,13 @@ def _loop(self: AsyncLLMEngine):
                 self._send(rid, e); self.engine.abort(rid)
             continue
         for o in outputs:
+            if o.error is not None: self._send(o.request_id, o.error); continue  # only its own caller hears of it
             self._send(o.request_id, o)
             if o.finished: self._send(o.request_id, None)
 
 AsyncLLMEngine._send, AsyncLLMEngine._loop = _send, _loop
 
-# %% ../nbs/14_async_engine.ipynb #204f3a61
+# %% ../nbs/14_async_engine.ipynb #56d297c6
 async def generate(self: AsyncLLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                    priority: int = 0):
     "Stream a request's RequestOutputs (async iterator); leaving the iteration early aborts the request."

@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_blocks', 'CompletionOutput', 'RequestOutput',
            'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
-           'has_unfinished_requests', 'stats', 'LLM']
+           'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
 
-# %% ../nbs/13_engine.ipynb #08c5fb37
+# %% ../nbs/13_engine.ipynb #bb36c0a7
 import dataclasses
 import itertools
 import time
@@ -24,7 +24,7 @@ from .sampling_params import SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/13_engine.ipynb #00be4c6b
+# %% ../nbs/13_engine.ipynb #3dff9a7e
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
@@ -56,7 +56,7 @@ class EngineConfig:
         if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0: raise EngineConfigError('memory sizes must be positive')
         if self.device == 'auto': self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
 
-# %% ../nbs/13_engine.ipynb #56f74a4a
+# %% ../nbs/13_engine.ipynb #2f042506
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
@@ -90,7 +90,7 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
     return n
 
-# %% ../nbs/13_engine.ipynb #fe7d62a9
+# %% ../nbs/13_engine.ipynb #a873d5fa
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
@@ -114,6 +114,7 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
+    error: BaseException | None = None  # why the request failed inside a step (then finished, reason 'abort')
 
 @dataclass
 class EngineStats:
@@ -129,7 +130,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
 
-# %% ../nbs/13_engine.ipynb #f7d4e027
+# %% ../nbs/13_engine.ipynb #02309f83
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -168,7 +169,7 @@ class LLMEngine:
         "How many sequences of `max_model_len` tokens the pool holds at once."
         return self.num_gpu_blocks * self.config.block_size / self.max_model_len
 
-# %% ../nbs/13_engine.ipynb #181f3d5c
+# %% ../nbs/13_engine.ipynb #7084b53d
 def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None):
     "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
     params = params or SamplingParams()
@@ -222,21 +223,51 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
 LLMEngine.abort, LLMEngine._forget = abort, _forget
 
-# %% ../nbs/13_engine.ipynb #d1707344
+# %% ../nbs/13_engine.ipynb #2fed4501
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
     out = self.scheduler.schedule()
     if out.is_empty: return [self._output(self.groups[r]) for r in out.preempted if r in self.groups]
     r = self.runner
     r.swap_out(out.blocks_to_swap_out); r.swap_in(out.blocks_to_swap_in); r.copy_blocks(out.blocks_to_copy)
-    sampled, samples = r.execute(out.seqs, out.num_new_tokens, out.block_tables)
+    try: sampled, samples = r.execute(out.seqs, out.num_new_tokens, out.block_tables)
+    except Exception as e: return self._step_without_culprits(out, e)
     return self._postprocess(out, sampled, samples)
 
 def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 
-# %% ../nbs/13_engine.ipynb #77097f2c
+# %% ../nbs/13_engine.ipynb #7d0e31f6
+def _random_states(self: LLMEngine, seqs: list) -> list:
+    gens = {id(x): x for x in [s.generator for s in seqs] + [self.runner.sampler.generator] if x is not None}
+    return [(x, x.get_state()) for x in gens.values()]
+
+def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
+    "After a failed `execute`: fail the requests that fail alone, run the step again for the rest."
+    states = _random_states(self, out.seqs)
+    by_request = {}
+    for row in zip(out.seqs, out.num_new_tokens, out.block_tables): by_request.setdefault(row[0].request_id, []).append(row)
+    failed = {}
+    for rid, rows in by_request.items():
+        try: self.runner.execute(*map(list, zip(*rows)))
+        except Exception as e: failed[rid] = e
+    if not failed: raise error  # no request fails alone: not one request's fault
+    for x, state in states: x.set_state(state)
+    outputs = []
+    for rid, e in failed.items():
+        g = self.scheduler.abort(rid)
+        g.finished_time = time.monotonic()
+        o = self._output(g); o.error = e
+        outputs.append(o); self._forget(g)
+    keep = [row for rid, rows in by_request.items() if rid not in failed for row in rows]
+    out = dataclasses.replace(out, seqs=[s for s, _, _ in keep], num_new_tokens=[n for _, n, _ in keep], block_tables=[t for _, _, t in keep])
+    sampled, samples = self.runner.execute(out.seqs, out.num_new_tokens, out.block_tables) if keep else ([], None)
+    return outputs + self._postprocess(out, sampled, samples)
+
+LLMEngine._step_without_culprits = _step_without_culprits
+
+# %% ../nbs/13_engine.ipynb #ee5ec92a
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     B = self.block_manager.block_size
@@ -277,7 +308,7 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #f6eb1367
+# %% ../nbs/13_engine.ipynb #a74ef2d5
 def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
     "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
     p = s.params
@@ -299,7 +330,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
 
 LLMEngine._append = _append
 
-# %% ../nbs/13_engine.ipynb #84741c8c
+# %% ../nbs/13_engine.ipynb #f47113b6
 def _beam_score(logprob: float, length: int, alpha: float) -> float:
     return logprob / (length ** alpha)
 
@@ -347,7 +378,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
 
 LLMEngine._beam_step = _beam_step
 
-# %% ../nbs/13_engine.ipynb #5cb05768
+# %% ../nbs/13_engine.ipynb #30266ebe
 def _completion(self: LLMEngine, s: Sequence, index: int) -> CompletionOutput:
     d = self.detoks.get(s.seq_id)
     text = d.text if d is not None else ''
@@ -376,8 +407,14 @@ def stats(self: LLMEngine) -> EngineStats:
 
 LLMEngine._completion, LLMEngine._output, LLMEngine.stats = _completion, _output, stats
 
-# %% ../nbs/13_engine.ipynb #5c3bef0e
+# %% ../nbs/13_engine.ipynb #e944a05e
 from tqdm.auto import tqdm
+
+class RequestFailedError(RuntimeError):
+    "A request failed inside a step (its cause is chained); `.outputs` holds every request's output, in prompt order."
+    def __init__(self, request_id: str, outputs: list):
+        super().__init__(f'request {request_id} failed: {outputs and next(o.error for o in outputs if o.request_id == request_id)!r}')
+        self.request_id, self.outputs = request_id, outputs
 
 class LLM:
     "Offline batch generation over an LLMEngine, in the shape of vLLM's `LLM`."
@@ -410,14 +447,17 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, ids: list, use_tqdm: bool) -> list:
-        done, t0, n_in, n_out = {}, time.perf_counter(), 0, 0
+        done, t0, n_in, n_out, failed = {}, time.perf_counter(), 0, 0, None
         bar = tqdm(total=len(ids), desc='Processed prompts', disable=not use_tqdm, dynamic_ncols=True)
         while len(done) < len(ids):
             for o in self.engine.step():
                 if o.finished:
                     done[o.request_id] = o
+                    if o.error is not None and failed is None: failed = o
                     n_in += len(o.prompt_token_ids); n_out += sum(len(c.token_ids) for c in o.outputs)
                     dt = time.perf_counter() - t0
                     bar.set_postfix_str(f'input: {n_in / dt:.1f} tok/s, output: {n_out / dt:.1f} tok/s'); bar.update(1)
         bar.close()
+        if failed is not None:  # the others finished: hand them over with the error
+            raise RequestFailedError(failed.request_id, [done[r] for r in ids]) from failed.error
         return [done[r] for r in ids]

@@ -5,25 +5,25 @@
 # %% auto #0
 __all__ = ['SAMPLING_EPS', 'MAX_LOGPROBS', 'SamplingParamsError', 'SamplingParams']
 
-# %% ../nbs/04_sampling_params.ipynb #87d11a53
+# %% ../nbs/04_sampling_params.ipynb #27330571
 import math
 from dataclasses import dataclass
 
-# %% ../nbs/04_sampling_params.ipynb #dbb1d96e
+# %% ../nbs/04_sampling_params.ipynb #95a17e56
 class SamplingParamsError(ValueError):
     "A sampling parameter is out of range or of the wrong type; `.param` names it."
     def __init__(self, param: str, message: str):
         super().__init__(f'{param}: {message}')
         self.param = param
 
-# %% ../nbs/04_sampling_params.ipynb #0c78353c
+# %% ../nbs/04_sampling_params.ipynb #47c3a0a8
 def _is_int(x) -> bool: return isinstance(x, int) and not isinstance(x, bool)
 def _is_num(x) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 def _require(ok: bool, param: str, message: str):
     if not ok: raise SamplingParamsError(param, message)
 
-# %% ../nbs/04_sampling_params.ipynb #4b1274ab
+# %% ../nbs/04_sampling_params.ipynb #76ed85fd
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, here and in the sampler (as in vLLM)
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top_logprobs
 
@@ -52,6 +52,7 @@ class SamplingParams:
     early_stopping: bool | str = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logits_processors: list | None = None
 
     def __post_init__(self):
         # the checks live in the functions below, one per theme; they run when an instance is made
@@ -73,7 +74,7 @@ class SamplingParams:
             bad = [t for t in ids if t >= vocab_size]
             _require(not bad, name, f'token ids must be < the vocabulary size {vocab_size}, got {bad}')
 
-# %% ../nbs/04_sampling_params.ipynb #500728ba
+# %% ../nbs/04_sampling_params.ipynb #f1ae28fd
 def _normalize(p: SamplingParams):
     if p.stop is None: p.stop = []
     elif isinstance(p.stop, str): p.stop = [p.stop]
@@ -95,7 +96,7 @@ def _normalize(p: SamplingParams):
             bias[tok] = float(v)
         p.logit_bias = bias
 
-# %% ../nbs/04_sampling_params.ipynb #33411425
+# %% ../nbs/04_sampling_params.ipynb #60579e96
 def _check_counts(p: SamplingParams):
     _require(_is_int(p.n) and p.n >= 1, 'n', f'must be an integer >= 1, got {p.n!r}')
     if p.best_of is not None:
@@ -128,8 +129,11 @@ def _check_stopping(p: SamplingParams):
     if p.max_tokens is not None:
         _require(p.min_tokens <= p.max_tokens, 'min_tokens',
                  f'must be <= max_tokens ({p.max_tokens}), got {p.min_tokens}')
+    if p.logits_processors is not None:
+        _require(isinstance(p.logits_processors, (list, tuple)) and all(callable(f) for f in p.logits_processors),
+                 'logits_processors', 'must be a list of callables f(output_ids, logits) or f(prompt_ids, output_ids, logits)')
 
-# %% ../nbs/04_sampling_params.ipynb #41cdab53
+# %% ../nbs/04_sampling_params.ipynb #b7dcbe9b
 def _check_beam_search(p: SamplingParams):
     _require(isinstance(p.use_beam_search, bool), 'use_beam_search', f'must be true or false, got {p.use_beam_search!r}')
     _require(isinstance(p.early_stopping, bool) or p.early_stopping == 'never', 'early_stopping',
