@@ -10,7 +10,7 @@ __all__ = ['Int', 'Float', 'Bool', 'Str', 'METRIC_PREFIX', 'APIError', 'StreamOp
            'completion_logprobs', 'merge', 'EngineCollector', 'ServerMetrics', 'Guard', 'validation_error', 'collect',
            'build_app', 'ServerThread']
 
-# %% ../nbs/16_server.ipynb #5a345d8a
+# %% ../nbs/16_server.ipynb #461a338e
 import asyncio
 import hmac
 import json
@@ -33,7 +33,7 @@ from .async_engine import AsyncLLMEngine
 from .sampling_params import SamplingParams, SamplingParamsError
 from .engine import RequestError
 
-# %% ../nbs/16_server.ipynb #ccf81f9f
+# %% ../nbs/16_server.ipynb #be11d0bb
 _ERROR_TYPES = {400: 'invalid_request_error', 401: 'authentication_error', 404: 'not_found_error',
                 405: 'invalid_request_error', 413: 'invalid_request_error', 500: 'server_error', 503: 'server_error'}
 
@@ -47,7 +47,7 @@ class APIError(Exception):
     def body(self) -> dict: return {'error': {'message': self.message, 'type': self.type, 'param': self.param, 'code': self.code}}
     def response(self) -> JSONResponse: return JSONResponse(self.body(), status_code=self.status)
 
-# %% ../nbs/16_server.ipynb #c2c35a24
+# %% ../nbs/16_server.ipynb #b9210111
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -104,7 +104,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: Int | None = None
     echo: Bool | None = False
 
-# %% ../nbs/16_server.ipynb #41e52ea9
+# %% ../nbs/16_server.ipynb #24f75a77
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -164,7 +164,7 @@ class ErrorInfo(BaseModel):
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
-# %% ../nbs/16_server.ipynb #b3696db9
+# %% ../nbs/16_server.ipynb #be3296a0
 _PARAM_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty',
                  'repetition_penalty', 'logit_bias', 'stop', 'stop_token_ids')
 
@@ -192,7 +192,7 @@ def sampling_params(req: _SamplingFields, max_num_seqs: int) -> SamplingParams:
         raise APIError(400, f'n and best_of must be <= {max_num_seqs} (max_num_seqs), got {p.num_seqs_to_sample}', 'best_of' if req.best_of else 'n')
     return p
 
-# %% ../nbs/16_server.ipynb #8b9fdbb1
+# %% ../nbs/16_server.ipynb #80736edd
 def chat_prompt(tokenizer, messages: list, chat_template: str | None = None) -> list:
     "Token ids of a conversation through the chat template, the assistant's turn opened."
     convo = [{'role': 'system' if m.role == 'developer' else m.role,
@@ -210,7 +210,7 @@ def completion_prompts(tokenizer, prompt) -> list:
     try: return [tokenizer(p).input_ids if isinstance(p, str) else list(p) for p in prompt]
     except Exception as e: raise APIError(400, f'the prompt could not be tokenized: {e}', 'prompt') from None
 
-# %% ../nbs/16_server.ipynb #e855c308
+# %% ../nbs/16_server.ipynb #f190de51
 def _lp(x: float) -> float: return max(float(x), -9999.0)
 
 def chat_logprobs(tokenizer, token_ids: list, logprobs: list, top_n: int) -> dict:
@@ -233,7 +233,7 @@ def completion_logprobs(tokenizer, token_ids: list, logprobs: list, top_n: int, 
         offset += len(s)
     return out
 
-# %% ../nbs/16_server.ipynb #d7247ed6
+# %% ../nbs/16_server.ipynb #5f509d81
 async def merge(gens: list):
     "Interleave async iterators: yields (index, item); an error in one is raised; leaving early closes all."
     q, done = asyncio.Queue(), object()
@@ -255,7 +255,7 @@ async def merge(gens: list):
         for t in tasks: t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-# %% ../nbs/16_server.ipynb #72fab111
+# %% ../nbs/16_server.ipynb #84041e0a
 METRIC_PREFIX = 'paged_infer:'  # vLLM's 'vllm:' prefix, renamed
 
 class EngineCollector:
@@ -289,27 +289,31 @@ class ServerMetrics:
         self.registry.register(EngineCollector(async_engine, model_name))
         h = lambda name, doc: Histogram(METRIC_PREFIX + name, doc, ['model_name'], registry=self.registry, buckets=_LATENCY_BUCKETS)
         self.ttft = h('time_to_first_token_seconds', 'Histogram of time to first token in seconds.')
-        self.itl = h('inter_token_latency_seconds', 'Histogram of inter-token latency in seconds.')
+        self.itl = h('inter_token_latency_seconds', 'Histogram of inter-token latency in seconds (one observation per token after the first).')
         self.tpot = h('time_per_output_token_seconds', 'Histogram of time per output token (older name of inter_token_latency).')
         self.e2e = h('e2e_request_latency_seconds', 'Histogram of end-to-end request latency in seconds.')
         self.success = Counter(METRIC_PREFIX + 'request_success', 'Count of successfully finished requests.', ['model_name', 'finished_reason'],
                                registry=self.registry)
 
+    def observe_tokens(self, seen: dict, out):
+        "Inter-token latency, gap by gap: each new token gets its share of the time since the last output that brought tokens."
+        n, now = max((len(c.token_ids) for c in out.outputs), default=0), time.monotonic()
+        if n <= seen.get('n', 0): return
+        if seen.get('n', 0) > 0:
+            per = (now - seen['t']) / (n - seen['n'])
+            for _ in range(n - seen['n']): self.itl.labels(self.model_name).observe(per); self.tpot.labels(self.model_name).observe(per)
+        seen.update(n=n, t=now)
+
     def observe(self, out):
-        "Record a finished RequestOutput's latencies."
+        "Record a finished RequestOutput's time to first token, end-to-end latency and finish reasons."
         m = self.model_name
         if out.first_token_time is not None: self.ttft.labels(m).observe(max(0.0, out.first_token_time - out.arrival_time))
-        if out.finished_time is not None:
-            self.e2e.labels(m).observe(max(0.0, out.finished_time - out.arrival_time))
-            n = max((len(c.token_ids) for c in out.outputs), default=0)
-            if n > 1 and out.first_token_time is not None:
-                per = max(0.0, out.finished_time - out.first_token_time) / (n - 1)
-                self.itl.labels(m).observe(per); self.tpot.labels(m).observe(per)
+        if out.finished_time is not None: self.e2e.labels(m).observe(max(0.0, out.finished_time - out.arrival_time))
         for c in out.outputs: self.success.labels(m, c.finish_reason or 'abort').inc()
 
     def render(self) -> bytes: return generate_latest(self.registry)
 
-# %% ../nbs/16_server.ipynb #3a4b3491
+# %% ../nbs/16_server.ipynb #633f93fb
 class Guard:
     "ASGI middleware: 401 without the API key on /v1 paths, 413 for a body over max_body_bytes."
     def __init__(self, app, api_key: str | None, max_body_bytes: int):
@@ -340,7 +344,7 @@ class Guard:
             return {'type': 'http.request', 'body': body, 'more_body': False}
         await self.app(scope, replay, send)
 
-# %% ../nbs/16_server.ipynb #616bb04d
+# %% ../nbs/16_server.ipynb #f5924428
 def validation_error(exc: RequestValidationError) -> APIError:
     "The first pydantic/FastAPI validation error as an OpenAI 400."
     errs = exc.errors()
@@ -355,7 +359,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if not loc and e['type'] in ('model_attributes_type', 'dict_type'): return APIError(400, 'the request body must be a JSON object')
     return APIError(400, f"{param or 'body'}: {e['msg']}", param)
 
-# %% ../nbs/16_server.ipynb #1b349695
+# %% ../nbs/16_server.ipynb #236bebe9
 def _sse(obj) -> str: return f'data: {json.dumps(obj, ensure_ascii=False)}\n\n'
 
 class _Route:
@@ -379,7 +383,9 @@ class _Route:
     async def outputs(self, prompts: list, params: SamplingParams, rid: str):
         "merge() over one engine request per prompt; final outputs observed by the metrics."
         gens = [self.engine.generate(ids, params, f'{rid}-{i}') for i, ids in enumerate(prompts)]
+        seen = [{} for _ in prompts]
         async for i, out in merge(gens):
+            self.metrics.observe_tokens(seen[i], out)
             if out.finished: self.metrics.observe(out)
             yield i, out
 
@@ -403,7 +409,7 @@ def _usage(prompts: list, finals: dict) -> dict:
     c = sum(len(o.token_ids) for out in finals.values() for o in out.outputs)
     return {'prompt_tokens': p, 'completion_tokens': c, 'total_tokens': p + c}
 
-# %% ../nbs/16_server.ipynb #7840ac95
+# %% ../nbs/16_server.ipynb #9b80230b
 async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None = None):
     r.check_model(req)
     prompt = chat_prompt(r.tok, req.messages, r.chat_template)
@@ -442,7 +448,7 @@ async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None =
         yield 'data: [DONE]\n\n'
     return StreamingResponse(stream(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
 
-# %% ../nbs/16_server.ipynb #13ae57b2
+# %% ../nbs/16_server.ipynb #d2f4ffdf
 async def _completions(r: _Route, req: CompletionRequest, request: Request | None = None):
     r.check_model(req)
     prompts = completion_prompts(r.tok, req.prompt)
@@ -483,7 +489,7 @@ async def _completions(r: _Route, req: CompletionRequest, request: Request | Non
         yield 'data: [DONE]\n\n'
     return StreamingResponse(stream(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
 
-# %% ../nbs/16_server.ipynb #8241d1d3
+# %% ../nbs/16_server.ipynb #5e240e5c
 def build_app(async_engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
               max_body_bytes: int = 4 * 2**20, chat_template: str | None = None) -> FastAPI:
     "A FastAPI app serving the OpenAI API over `async_engine` under the model name `served_model_name`."
@@ -539,7 +545,7 @@ def build_app(async_engine: AsyncLLMEngine, served_model_name: str, api_key: str
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
     return app
 
-# %% ../nbs/16_server.ipynb #2de1f66b
+# %% ../nbs/16_server.ipynb #8d6f7e17
 class ServerThread:
     "uvicorn on 127.0.0.1 in a background thread: `with ServerThread(app) as url: ...`."
     def __init__(self, app, host: str = '127.0.0.1', port: int = 0, log_level: str = 'warning'):

@@ -289,6 +289,15 @@ def test_metrics(server, client):
     assert gen and float(gen[0].split()[-1]) > 0
 
 
+def test_inter_token_latency_is_observed_per_gap(server, client):
+    def itl_count():
+        m = httpx.get(server['url'] + '/metrics').text
+        return float(next(l for l in m.splitlines() if l.startswith('paged_infer:inter_token_latency_seconds_count')).split()[-1])
+    before = itl_count()
+    client.completions.create(model=NAME, prompt='Count: one, two,', max_tokens=6, temperature=0, extra_body={'ignore_eos': True})
+    assert itl_count() - before == 5, 'six tokens, five gaps'
+
+
 def test_openapi_fuzz_no_server_error():
     """The OpenAPI schema fuzzed by schemathesis: never a 5xx, every error in OpenAI's shape.
 
