@@ -6,7 +6,7 @@
 __all__ = ['KernelInputError', 'interpreted', 'store_kv_triton', 'num_sms', 'decode_num_splits', 'paged_decode_attention',
            'paged_prefill_attention', 'paged_attention_triton', 'copy_blocks_triton']
 
-# %% ../nbs/15_kernels.ipynb #95652614
+# %% ../nbs/15_kernels.ipynb #87a10c63
 import math
 
 import torch
@@ -16,7 +16,7 @@ import triton.language as tl
 from .attention import AttentionMetadata
 from .block_table import cdiv
 
-# %% ../nbs/15_kernels.ipynb #f8c1bb09
+# %% ../nbs/15_kernels.ipynb #11c7f469
 class KernelInputError(ValueError):
     "An input a kernel cannot take: wrong shape, dtype, device or memory layout."
 
@@ -38,7 +38,7 @@ def _check_cache(k_cache, v_cache):
            f'v_cache {v_cache.dtype} {tuple(v_cache.shape)} differs from k_cache {k_cache.dtype} {tuple(k_cache.shape)}')
     _check(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, 'the caches must be contiguous in head_dim')
 
-# %% ../nbs/15_kernels.ipynb #5b21b62d
+# %% ../nbs/15_kernels.ipynb #a2d7f040
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh,  # token and head strides of k and v
@@ -56,7 +56,7 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     tl.store(kc_ptr + blk * stride_kcb + row * stride_kct + h * stride_kch + d, k.to(kc_ptr.dtype.element_ty), mask=mask)
     tl.store(vc_ptr + blk * stride_vcb + row * stride_vct + h * stride_vch + d, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
-# %% ../nbs/15_kernels.ipynb #0718fe6a
+# %% ../nbs/15_kernels.ipynb #aaa04e21
 def store_kv_triton(k: torch.Tensor, v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim) new keys / values
                     k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                     slot_mapping: torch.Tensor):  # (num_tokens,) int64 or int32; a negative slot is skipped
@@ -74,7 +74,7 @@ def store_kv_triton(k: torch.Tensor, v: torch.Tensor,  # (num_tokens, num_kv_hea
                            *k_cache.stride()[:3], *v_cache.stride()[:3],
                            NUM_KV_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=k_cache.shape[1], BLOCK=triton.next_power_of_2(H * D))
 
-# %% ../nbs/15_kernels.ipynb #fdf69a4e
+# %% ../nbs/15_kernels.ipynb #21fff5f6
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, scale_log2,
                    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -114,7 +114,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, scal
     else:
         tl.store(out_ptr + s * stride_ot + heads[:, None] * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
 
-# %% ../nbs/15_kernels.ipynb #8d2f98d4
+# %% ../nbs/15_kernels.ipynb #8bd23b17
 @triton.jit
 def _decode_reduce_kernel(part_ptr, lse_ptr, out_ptr, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                           stride_ot, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -131,7 +131,7 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, out_ptr, stride_pt, stride_ph, stri
     o = tl.sum(part * w[:, None], 0) / tl.where(wsum == 0.0, 1.0, wsum)
     tl.store(out_ptr + s * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=dmask)
 
-# %% ../nbs/15_kernels.ipynb #05826b96
+# %% ../nbs/15_kernels.ipynb #c9b6d844
 _NUM_SMS = {}
 
 def num_sms(device) -> int:
@@ -149,7 +149,7 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     limit = min(4 * num_sms // max(programs, 1), cdiv(max_seq_len, min_tokens_per_split), max_splits)
     return 1 << max(limit, 1).bit_length() - 1  # the largest power of two <= limit
 
-# %% ../nbs/15_kernels.ipynb #17bb5b30
+# %% ../nbs/15_kernels.ipynb #ece6bf00
 def _check_attention(q, k_cache, v_cache, block_tables, seq_lens):
     _check_cache(k_cache, v_cache)
     _check(q.dim() == 3 and q.shape[2] == k_cache.shape[3] and q.shape[1] % k_cache.shape[2] == 0,
@@ -201,7 +201,7 @@ def paged_decode_attention(q: torch.Tensor,  # (num_seqs, num_heads, head_dim): 
                                    HEAD_DIM=D, D_PAD=triton.next_power_of_2(D))
     return out
 
-# %% ../nbs/15_kernels.ipynb #eaf3af29
+# %% ../nbs/15_kernels.ipynb #84a2bf7b
 @triton.jit
 def _attend_tile(q, k_ptr, v_ptr, bt_row, kvh, n0, pos, L, m_i, l_i, acc, scale_log2, d, dmask,
                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -224,7 +224,7 @@ def _attend_tile(q, k_ptr, v_ptr, bt_row, kvh, n0, pos, L, m_i, l_i, acc, scale_
     alpha, p = tl.exp2(m_i - m_new), tl.exp2(s_ij - m_new[:, None])
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
-# %% ../nbs/15_kernels.ipynb #43aa1487
+# %% ../nbs/15_kernels.ipynb #40d6937f
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, scale_log2,
                     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -261,7 +261,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, sca
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=mmask[:, None] & dmask[None, :])
 
-# %% ../nbs/15_kernels.ipynb #f44195bd
+# %% ../nbs/15_kernels.ipynb #363bfeb7
 def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim): the step's new tokens, prefills first
                             k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                             meta: AttentionMetadata, scale: float,
@@ -288,7 +288,7 @@ def paged_prefill_attention(q: torch.Tensor,  # (num_tokens, num_heads, head_dim
                           D_PAD=triton.next_power_of_2(D), num_warps=num_warps, num_stages=num_stages)
     return out
 
-# %% ../nbs/15_kernels.ipynb #038364eb
+# %% ../nbs/15_kernels.ipynb #ab1ac5f8
 def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim) queries of the step's new tokens
                            k_cache: torch.Tensor, v_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
                            meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -301,7 +301,7 @@ def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
         paged_decode_attention(q[t0:], k_cache, v_cache, meta.block_tables[s0:], meta.seq_lens[s0:], scale, out=out[t0:])
     return out
 
-# %% ../nbs/15_kernels.ipynb #230431a2
+# %% ../nbs/15_kernels.ipynb #fb9a586c
 @triton.jit
 def _copy_blocks_kernel(pool_ptr, src_ptr, dst_ptr, stride_slab, stride_block, BLOCK_ELEMS: tl.constexpr, CHUNK: tl.constexpr):
     p, slab = tl.program_id(0), tl.program_id(1)  # order p, slab = layer * 2 + (0 for keys, 1 for values)
