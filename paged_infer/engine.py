@@ -7,9 +7,10 @@ __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_
            'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
            'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
 
-# %% ../nbs/13_engine.ipynb #bb36c0a7
+# %% ../nbs/13_engine.ipynb #4a0710c1
 import dataclasses
 import itertools
+import weakref
 import time
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ from .sampling_params import SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/13_engine.ipynb #3dff9a7e
+# %% ../nbs/13_engine.ipynb #54a3f077
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
@@ -49,14 +50,18 @@ class EngineConfig:
     policy: str = 'fcfs'
     seed: int = 0  # for requests without a seed of their own
     enforce_eager: bool = False  # on a GPU, never replay decode steps through CUDA graphs
+    tensor_parallel_size: int = 1  # ranks (processes, one GPU each) the model is split over (chapter 18)
 
     def __post_init__(self):
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): raise EngineConfigError(f'block_size {self.block_size}: a power of two up to 128')
         if not 0 < self.gpu_memory_utilization <= 1: raise EngineConfigError('gpu_memory_utilization must be in (0, 1]')
         if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0: raise EngineConfigError('memory sizes must be positive')
         if self.device == 'auto': self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        if not (isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1): raise EngineConfigError('tensor_parallel_size must be an integer >= 1')
+        if self.device.startswith('cuda') and self.tensor_parallel_size > torch.cuda.device_count():
+            raise EngineConfigError(f'tensor_parallel_size {self.tensor_parallel_size} needs that many GPUs; this machine has {torch.cuda.device_count()}')
 
-# %% ../nbs/13_engine.ipynb #2f042506
+# %% ../nbs/13_engine.ipynb #bd06042d
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
@@ -90,7 +95,7 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
     return n
 
-# %% ../nbs/13_engine.ipynb #a873d5fa
+# %% ../nbs/13_engine.ipynb #40111f9a
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
@@ -130,7 +135,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
 
-# %% ../nbs/13_engine.ipynb #02309f83
+# %% ../nbs/13_engine.ipynb #920a9979
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -140,14 +145,22 @@ class LLMEngine:
     "A continuous-batching LLM engine: add requests, call `step` until they finish."
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         c = self.config = config or EngineConfig(**kwargs)
-        self.model, self.tokenizer = load_model(c.model, c.dtype, c.device)
+        peers = None
+        if c.tensor_parallel_size > 1:  # chapter 18: this process is rank 0 and holds its slice of the model
+            from paged_infer.tensor_parallel import start_tensor_parallel
+            self.model, self.tokenizer, peers = start_tensor_parallel(c.model, c.tensor_parallel_size, c.dtype, c.device)
+            weakref.finalize(self, peers.stop)
+        else: self.model, self.tokenizer = load_model(c.model, c.dtype, c.device)
         mc: ModelConfig = self.model.config
         self.max_model_len = min(c.max_model_len or mc.max_model_len, mc.max_model_len)
         budget = c.max_num_batched_tokens or (2048 if c.enable_chunked_prefill else self.max_model_len)
         dtype = next(self.model.parameters()).dtype
         bb = block_bytes(mc, c.block_size, dtype)
         if c.num_gpu_blocks: n_blocks = c.num_gpu_blocks
-        elif self.model.lm_head.weight.is_cuda: n_blocks = profile_num_gpu_blocks(self.model, budget, c.max_num_seqs, c.block_size, c.gpu_memory_utilization)
+        elif self.model.lm_head.weight.is_cuda:
+            profile = (budget, c.max_num_seqs, c.block_size, c.gpu_memory_utilization)
+            if peers: peers.send('profile', profile)  # every rank runs the dummy step: it meets the others at the collectives
+            n_blocks = profile_num_gpu_blocks(self.model, *profile)
         else: n_blocks = int(c.kv_cache_memory_gb * 2**30 // bb)
         n_cpu = c.num_cpu_blocks if c.num_cpu_blocks is not None else int(c.swap_space_gb * 2**30 // bb)
         self.block_manager = BlockManager(n_blocks, c.block_size, n_cpu, c.enable_prefix_caching)
@@ -155,7 +168,8 @@ class LLMEngine:
                                                    c.preemption_mode, c.policy), self.block_manager)
         g = torch.Generator(device=self.model.lm_head.weight.device); g.manual_seed(c.seed)
         self.runner = ModelRunner(self.model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id, Sampler(g))
-        if self.runner.device.type == 'cuda' and not c.enforce_eager:  # chapter 11: decode steps as CUDA graphs
+        if peers: peers.send('init_runner', (n_blocks, c.block_size, n_cpu)); self.runner.peers = peers
+        if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:  # chapter 11: decode steps as CUDA graphs
             self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
         self.detoks: dict = {}  # seq id -> IncrementalDetokenizer
@@ -164,12 +178,15 @@ class LLMEngine:
 
     @property
     def num_gpu_blocks(self) -> int: return self.block_manager.gpu.num_blocks
+    def shutdown(self):
+        "Stop the other ranks' processes, if any (also done when the engine is garbage-collected or at exit)."
+        if self.runner.peers is not None: self.runner.peers.stop()
     @property
     def max_concurrent_full_length(self) -> float:
         "How many sequences of `max_model_len` tokens the pool holds at once."
         return self.num_gpu_blocks * self.config.block_size / self.max_model_len
 
-# %% ../nbs/13_engine.ipynb #7084b53d
+# %% ../nbs/13_engine.ipynb #b2081a5a
 def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None):
     "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
     params = params or SamplingParams()
@@ -223,7 +240,7 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
 LLMEngine.abort, LLMEngine._forget = abort, _forget
 
-# %% ../nbs/13_engine.ipynb #2fed4501
+# %% ../nbs/13_engine.ipynb #dc7381de
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
     out = self.scheduler.schedule()
@@ -238,7 +255,7 @@ def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 
-# %% ../nbs/13_engine.ipynb #7d0e31f6
+# %% ../nbs/13_engine.ipynb #850b4431
 def _random_states(self: LLMEngine, seqs: list) -> list:
     gens = {id(x): x for x in [s.generator for s in seqs] + [self.runner.sampler.generator] if x is not None}
     return [(x, x.get_state()) for x in gens.values()]
@@ -267,7 +284,7 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
 
 LLMEngine._step_without_culprits = _step_without_culprits
 
-# %% ../nbs/13_engine.ipynb #ee5ec92a
+# %% ../nbs/13_engine.ipynb #2be3d904
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     B = self.block_manager.block_size
@@ -308,7 +325,7 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #a74ef2d5
+# %% ../nbs/13_engine.ipynb #5a0b4bcb
 def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
     "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
     p = s.params
@@ -330,7 +347,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
 
 LLMEngine._append = _append
 
-# %% ../nbs/13_engine.ipynb #f47113b6
+# %% ../nbs/13_engine.ipynb #88f64994
 def _beam_score(logprob: float, length: int, alpha: float) -> float:
     return logprob / (length ** alpha)
 
@@ -378,7 +395,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
 
 LLMEngine._beam_step = _beam_step
 
-# %% ../nbs/13_engine.ipynb #30266ebe
+# %% ../nbs/13_engine.ipynb #aefe13f2
 def _completion(self: LLMEngine, s: Sequence, index: int) -> CompletionOutput:
     d = self.detoks.get(s.seq_id)
     text = d.text if d is not None else ''
@@ -407,7 +424,7 @@ def stats(self: LLMEngine) -> EngineStats:
 
 LLMEngine._completion, LLMEngine._output, LLMEngine.stats = _completion, _output, stats
 
-# %% ../nbs/13_engine.ipynb #e944a05e
+# %% ../nbs/13_engine.ipynb #069f613e
 from tqdm.auto import tqdm
 
 class RequestFailedError(RuntimeError):

@@ -7,7 +7,7 @@ __all__ = ['DEFAULT_HUB_ID', 'HUB_PATTERNS', 'HUB_IGNORE', 'DTYPES', 'IGNORED', 
            'UnknownDtypeError', 'resolve_model', 'safetensors_files', 'iter_safetensors', 'default_dtype',
            'parse_dtype', 'load_weights', 'load_tokenizer', 'load_hf_config']
 
-# %% ../nbs/08_weights.ipynb #4b3a6f3e
+# %% ../nbs/08_weights.ipynb #a97b7210
 import json
 import os
 import re
@@ -20,7 +20,7 @@ from torch import nn
 from .default_model import (
     DEFAULT_MODEL, DefaultModelNotInstalled, _is_complete, cache_root, convert_gguf, find_gguf, prepare_default_model)
 
-# %% ../nbs/08_weights.ipynb #cfadcf7d
+# %% ../nbs/08_weights.ipynb #fc15bf3e
 class ModelNotFoundError(FileNotFoundError):
     "No local folder, GGUF file or reachable hub repository matches the model name."
 
@@ -30,7 +30,7 @@ class WeightLoadError(ValueError):
 class UnknownDtypeError(ValueError):
     "A dtype name we do not know."
 
-# %% ../nbs/08_weights.ipynb #ed6f4237
+# %% ../nbs/08_weights.ipynb #81270651
 DEFAULT_HUB_ID = 'HuggingFaceTB/SmolLM2-135M-Instruct'
 # what serving needs from a hub repository: no .bin, no .gguf, no ONNX, no original/ consolidated checkpoints
 HUB_PATTERNS = ['config.json', 'generation_config.json', '*.safetensors', 'model.safetensors.index.json',
@@ -52,7 +52,7 @@ def _from_gguf(path: Path) -> Path:
     out = cache_root() / path.stem
     return out if _is_complete(out) else convert_gguf(path, out)
 
-# %% ../nbs/08_weights.ipynb #a823e956
+# %% ../nbs/08_weights.ipynb #1198086b
 def _from_hub(repo_id: str, offline: bool | None) -> Path:
     "Download (or find in the Hugging Face cache) the files of `repo_id` that serving needs."
     from huggingface_hub import snapshot_download
@@ -86,7 +86,7 @@ def resolve_model(name_or_path: str | Path = DEFAULT_MODEL, offline: bool | None
     if name.startswith(('/', './', '../', '~')): raise ModelNotFoundError(f'no such folder or file: {path}')
     return _from_hub(name, offline)
 
-# %% ../nbs/08_weights.ipynb #46d23bc1
+# %% ../nbs/08_weights.ipynb #b9ec0d1e
 def safetensors_files(folder: str | Path) -> list[Path]:
     "A model folder's safetensors files: the shards `model.safetensors.index.json` names, else `model.safetensors`, else `*.safetensors`."
     folder = Path(folder)
@@ -112,7 +112,7 @@ def iter_safetensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(path, framework='pt', device='cpu') as f:
             for name in f.keys(): yield name, f.get_tensor(name)
 
-# %% ../nbs/08_weights.ipynb #d43cdfcd
+# %% ../nbs/08_weights.ipynb #7c2af1f0
 DTYPES = {'float32': torch.float32, 'fp32': torch.float32, 'float': torch.float32, 'f32': torch.float32,
           'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16,
           'float16': torch.float16, 'fp16': torch.float16, 'half': torch.float16, 'f16': torch.float16}
@@ -132,7 +132,7 @@ def parse_dtype(dtype: str | torch.dtype | None = 'auto', device: str | torch.de
     if key not in DTYPES: raise UnknownDtypeError(f'unknown dtype {dtype!r}; choose auto or one of {", ".join(DTYPES)}')
     return DTYPES[key]
 
-# %% ../nbs/08_weights.ipynb #64f5d27c
+# %% ../nbs/08_weights.ipynb #d52938d3
 # tensors some checkpoints carry that are buffers computed by the model, not parameters
 IGNORED = re.compile(r'rotary_emb\.(inv_freq|cos_cached|sin_cached)$')
 
@@ -160,9 +160,10 @@ def _tied(folder: str | Path) -> bool:
     cfg = Path(folder) / 'config.json'
     return cfg.is_file() and bool(json.loads(cfg.read_text()).get('tie_word_embeddings', False))
 
-# %% ../nbs/08_weights.ipynb #5295011e
+# %% ../nbs/08_weights.ipynb #a42f54c5
 def load_weights(module: nn.Module, folder: str | Path, dtype: str | torch.dtype | None = None,
-                 device: str | torch.device = 'cpu') -> nn.Module:
+                 device: str | torch.device = 'cpu',
+                 shard=None) -> nn.Module:  # (name, tensor) -> this process's slice of it (tensor parallelism, chapter 18)
     "Stream a folder's safetensors into `module`'s parameters by name, on `device` in `dtype` (default: `default_dtype(device)`)."
     device = torch.device(device)
     if device.type == 'cuda' and device.index is None: device = torch.device('cuda', torch.cuda.current_device())
@@ -176,6 +177,7 @@ def load_weights(module: nn.Module, folder: str | Path, dtype: str | torch.dtype
     with torch.no_grad():
         for name, tensor in iter_safetensors(folder):
             if IGNORED.search(name): continue
+            if shard is not None: tensor = shard(name, tensor)
             if name not in params: raise WeightLoadError(
                 f'unexpected tensor {name} {tuple(tensor.shape)} in {folder}: the module has no such parameter')
             if params[name].shape != tensor.shape: raise WeightLoadError(
@@ -191,7 +193,7 @@ def load_weights(module: nn.Module, folder: str | Path, dtype: str | torch.dtype
     if missing: raise WeightLoadError(f'{len(missing)} parameters not in the checkpoint {folder}: {", ".join(missing[:5])}')
     return module
 
-# %% ../nbs/08_weights.ipynb #69da8032
+# %% ../nbs/08_weights.ipynb #c0d58639
 def load_tokenizer(folder: str | Path):
     "The folder's tokenizer (a transformers `PreTrainedTokenizerFast`, chat template included)."
     from transformers import AutoTokenizer
