@@ -6,7 +6,7 @@
 __all__ = ['token_counts', 'SamplingBatch', 'apply_logits_processors', 'apply_penalties', 'apply_top_k_top_p', 'apply_min_p',
            'exponential_race', 'seeded_generator', 'SamplerOutput', 'Sampler']
 
-# %% ../nbs/09_sampler.ipynb #65b0b7e7
+# %% ../nbs/09_sampler.ipynb #dc0cbf13
 import itertools
 from dataclasses import dataclass, field
 import inspect
@@ -15,7 +15,7 @@ import torch
 
 from .sampling_params import SamplingParams
 
-# %% ../nbs/09_sampler.ipynb #ee2a0391
+# %% ../nbs/09_sampler.ipynb #f3842dd7
 def token_counts(token_ids: list[list[int]], vocab_size: int, device='cpu') -> torch.Tensor:
     "How often each token occurs in each row's list: a (B, V) int32 tensor, built by one scatter-add."
     lengths = torch.tensor([len(ids) for ids in token_ids], dtype=torch.long)
@@ -28,7 +28,7 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device='cpu') -> t
                       accumulate=True)
     return counts  # (B, V)
 
-# %% ../nbs/09_sampler.ipynb #c447e6bd
+# %% ../nbs/09_sampler.ipynb #08d815dd
 @dataclass
 class SamplingBatch:
     "One step's sampling knobs as tensors, one row per sequence being sampled; built by `from_params`."
@@ -59,7 +59,7 @@ class SamplingBatch:
         "Build the step's tensors from each sequence's params, prompt and output so far."
         return _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, generators, device)
 
-# %% ../nbs/09_sampler.ipynb #4a930029
+# %% ../nbs/09_sampler.ipynb #adba793c
 def _scatter(pairs: list, B: int, V: int, values, dtype, device) -> torch.Tensor:
     "A (B, V) tensor of zeros with `values` written at the (row, token) `pairs`."
     out = torch.zeros(B, V, dtype=dtype, device=device)
@@ -73,7 +73,6 @@ def _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, 
     if not len(prompt_ids) == len(output_ids) == B: raise ValueError('one prompt and one output list per row')
     if generators is not None and len(generators) != B: raise ValueError('one generator (or None) per row')
     eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    col = lambda xs, dtype=torch.float32: torch.tensor(xs, dtype=dtype, device=device)  # (B,)
     rand = [not p.greedy for p in params]  # rows that sample: filters apply to them only
     output_counts = seen_mask = logit_bias = min_tokens_mask = None
     if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in params):
@@ -88,15 +87,14 @@ def _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, 
               for t in p.stop_token_ids + ([] if p.ignore_eos else eos_ids)]
     if forbid:
         min_tokens_mask = _scatter(forbid, B, V, [True] * len(forbid), torch.bool, device)
+    cols = torch.tensor([[p.temperature if r else 1.0 for p, r in zip(params, rand)], [p.top_p if r else 1.0 for p, r in zip(params, rand)],
+                         [p.top_k if r else 0 for p, r in zip(params, rand)], [p.min_p if r else 0.0 for p, r in zip(params, rand)],
+                         [not r for r in rand], [p.presence_penalty for p in params], [p.frequency_penalty for p in params],
+                         [p.repetition_penalty for p in params]], dtype=torch.float32).to(device)  # one copy to the device, not eight
+    temperature, top_p, top_k, min_p, greedy, presence, frequency, repetition = cols.reshape(8, B)
     return cls(
-        temperature=col([p.temperature if r else 1.0 for p, r in zip(params, rand)]),
-        top_p=col([p.top_p if r else 1.0 for p, r in zip(params, rand)]),
-        top_k=col([p.top_k if r else 0 for p, r in zip(params, rand)], torch.long),
-        min_p=col([p.min_p if r else 0.0 for p, r in zip(params, rand)]),
-        greedy=col([not r for r in rand], torch.bool),
-        presence_penalty=col([p.presence_penalty for p in params]),
-        frequency_penalty=col([p.frequency_penalty for p in params]),
-        repetition_penalty=col([p.repetition_penalty for p in params]),
+        temperature=temperature, top_p=top_p, top_k=top_k.long(), min_p=min_p, greedy=greedy.bool(),  # top_k < 2**24: exact in float32
+        presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
         output_counts=output_counts, seen_mask=seen_mask, logit_bias=logit_bias, min_tokens_mask=min_tokens_mask,
         generators=list(generators) if generators is not None else [None] * B,
         num_logprobs=max((p.logprobs or 0 for p in params), default=0),
@@ -106,7 +104,7 @@ def _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, 
         processors=[(i, p.logits_processors, prompt, out) for i, (p, prompt, out) in enumerate(zip(params, prompt_ids, output_ids))
                     if p.logits_processors])
 
-# %% ../nbs/09_sampler.ipynb #658f94ed
+# %% ../nbs/09_sampler.ipynb #70029bc6
 def apply_logits_processors(logits: torch.Tensor, processors: list) -> torch.Tensor:
     "Run each row's own callables on its logits (vLLM's signature: f(output_ids, logits) or f(prompt_ids, output_ids, logits))."
     logits = logits.clone()
@@ -119,7 +117,7 @@ def apply_logits_processors(logits: torch.Tensor, processors: list) -> torch.Ten
         logits[row] = x
     return logits
 
-# %% ../nbs/09_sampler.ipynb #4f2e3b06
+# %% ../nbs/09_sampler.ipynb #4f2bdd94
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     "Logit bias, min-tokens mask, then repetition, frequency and presence penalties (vLLM's semantics)."
     if batch.logit_bias is not None: logits = logits + batch.logit_bias
@@ -131,7 +129,7 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     logits = logits - batch.frequency_penalty[:, None] * counts
     return logits - batch.presence_penalty[:, None] * (counts > 0)  # (B, V)
 
-# %% ../nbs/09_sampler.ipynb #2421a4d0
+# %% ../nbs/09_sampler.ipynb #b90417d6
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     "Set to -inf the logits outside each row's top-k, then outside the top-p nucleus of what is left."
     V = logits.shape[-1]
@@ -150,10 +148,13 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     probs = logits.softmax(-1)  # (B, V)
     return logits.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float('-inf'))
 
-# %% ../nbs/09_sampler.ipynb #75a313f0
+# %% ../nbs/09_sampler.ipynb #bf4d16eb
 def exponential_race(probs: torch.Tensor, generators: list, generator: torch.Generator | None = None) -> torch.Tensor:
     "One token per row drawn from `probs` (B, V): argmax(probs / q), q ~ Exp(1) from the row's generator or the shared one."
-    q = torch.empty_like(probs).exponential_(generator=generator)  # (B, V)
+    q = torch.empty_like(probs)  # (B, V)
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if len(shared) == len(generators): q.exponential_(generator=generator)
+    elif shared: q[shared] = torch.empty(len(shared), probs.shape[1], dtype=q.dtype, device=q.device).exponential_(generator=generator)
     for i, g in enumerate(generators):
         if g is not None: q[i].exponential_(generator=g)
     return probs.div(q.clamp_min(torch.finfo(q.dtype).tiny)).argmax(-1)  # (B,); q > 0 keeps p = 0 from ever winning
@@ -164,7 +165,7 @@ def seeded_generator(seed: int, device='cpu') -> torch.Generator:
     g.manual_seed(seed)
     return g
 
-# %% ../nbs/09_sampler.ipynb #fcbc7e8b
+# %% ../nbs/09_sampler.ipynb #bbb5360b
 @dataclass
 class SamplerOutput:
     "The sampler's answer for one step."

@@ -6,7 +6,7 @@
 __all__ = ['Shard', 'make_shard', 'shard_tensor', 'RowParallelLinear', 'VocabParallelEmbedding', 'ParallelLMHead', 'shard_model',
            'load_model_shard', 'Peers', 'start_tensor_parallel']
 
-# %% ../nbs/18_tensor_parallel.ipynb #5e0e63f6
+# %% ../nbs/18_tensor_parallel.ipynb #1bad9913
 import dataclasses, os, re, socket, weakref
 
 import torch
@@ -19,7 +19,7 @@ from .block_table import cdiv
 from .model import LlamaForCausalLM, ModelConfig, UnsupportedModelError
 from .weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
 
-# %% ../nbs/18_tensor_parallel.ipynb #172493e8
+# %% ../nbs/18_tensor_parallel.ipynb #1b26e2ed
 @dataclasses.dataclass(frozen=True)
 class Shard:
     "The slices of a model that rank `rank` of `size` holds."
@@ -43,7 +43,7 @@ def make_shard(c: ModelConfig, rank: int, size: int) -> Shard:
     ffn, vp = c.intermediate_size // size, cdiv(c.vocab_size, size)
     return Shard(rank, size, (rank * hq, hq), kv, (rank * ffn, ffn), (rank * vp, vp))
 
-# %% ../nbs/18_tensor_parallel.ipynb #918d9568
+# %% ../nbs/18_tensor_parallel.ipynb #b4332827
 def shard_tensor(sh: Shard, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
     "This rank's slice of checkpoint tensor `name`."
     D = c.head_dim
@@ -58,7 +58,7 @@ def shard_tensor(sh: Shard, c: ModelConfig, name: str, t: torch.Tensor) -> torch
         return F.pad(part, (0, 0, 0, sh.vocab[1] - part.shape[0]))  # the padding rows: zeros, never looked up or sampled
     return t
 
-# %% ../nbs/18_tensor_parallel.ipynb #81070ef3
+# %% ../nbs/18_tensor_parallel.ipynb #76d275cd
 class RowParallelLinear(nn.Module):
     "y = all_reduce(x @ W_r^T) + b: the input features are split among the ranks."
     def __init__(self, in_features: int, out_features: int, bias: bool, group):
@@ -123,11 +123,11 @@ def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', de
     with torch.device('meta'): model = shard_model(LlamaForCausalLM(config), sh, group)
     load_weights(model, folder, parse_dtype(dtype, device), device, shard=lambda n, t: shard_tensor(sh, config, n, t))
     if torch.device(device).type == 'cuda':
-        from paged_infer.kernels import paged_attention_triton, store_kv_triton
-        model.attn_fn, model.store_fn = paged_attention_triton, store_kv_triton
+        from paged_infer.model_runner import use_triton
+        use_triton(model)
     return model.eval(), load_tokenizer(folder)
 
-# %% ../nbs/18_tensor_parallel.ipynb #7e9f48bb
+# %% ../nbs/18_tensor_parallel.ipynb #67aa49ca
 class Peers:
     "Rank 0's handle on the other ranks: broadcast an order, stop them."
     def __init__(self, procs: list, cpu_group):
