@@ -105,7 +105,7 @@ def main():
                    host_share=1 - gpu_ms / med(steps))
         print(json.dumps(row), flush=True)
         res['shapes'].append(row)
-        eng.shutdown(); del eng, r; torch.cuda.empty_cache(); shutil.rmtree(folder.parent)
+        eng.shutdown(); del eng, r, saved, patches, gr, t; torch.cuda.empty_cache(); shutil.rmtree(folder.parent)
     if a.out: Path(a.out).write_text(json.dumps(res, indent=1))
 
 

@@ -6,20 +6,20 @@
 __all__ = ['DEMO_SYSTEM', 'DEMO_QUESTIONS', 'cmd_prepare_model', 'cmd_demo', 'add_engine_args', 'engine_config', 'cmd_serve',
            'cmd_generate', 'build_parser', 'main']
 
-# %% ../nbs/90_cli.ipynb #b5dec9c9
+# %% ../nbs/90_cli.ipynb #d12519f2
 import argparse
 import signal
 import sys
 
 from .default_model import DEFAULT_MODEL, prepare_default_model
 
-# %% ../nbs/90_cli.ipynb #c46a0788
+# %% ../nbs/90_cli.ipynb #4b23131a
 def cmd_prepare_model(args) -> int:
     "Convert the default model into the local cache (once) and print where it is."
     print(prepare_default_model(force=args.force))
     return 0
 
-# %% ../nbs/90_cli.ipynb #cc220704
+# %% ../nbs/90_cli.ipynb #1201f847
 DEMO_SYSTEM = 'You are a concise assistant. Answer in one sentence, and say when you are not sure.'
 DEMO_QUESTIONS = ['What is paged attention?', 'Why does a KV cache need memory management?',
                   'Name three planets.', 'What is copy-on-write?']
@@ -46,7 +46,7 @@ def cmd_demo(args) -> int:
     print(f'all requests finished: {eng.block_manager.num_free_blocks}/{eng.num_gpu_blocks} blocks free')
     return 0
 
-# %% ../nbs/90_cli.ipynb #5e6afa7b
+# %% ../nbs/90_cli.ipynb #372c2213
 def add_engine_args(p: argparse.ArgumentParser):
     "The engine flags shared by `serve` and `generate` (vLLM's names)."
     p.add_argument('model', nargs='?', default=None, help=f'model name, folder, GGUF file or hub id (default: {DEFAULT_MODEL})')
@@ -65,6 +65,7 @@ def add_engine_args(p: argparse.ArgumentParser):
     p.add_argument('--preemption-mode', choices=['recompute', 'swap'], default='recompute', help='how to preempt when the pool is full')
     p.add_argument('--seed', type=int, default=0, help='seed for requests without their own')
     p.add_argument('--enforce-eager', action='store_true', help='on a GPU, run decode steps eagerly (no CUDA graphs)')
+    p.add_argument('--tensor-parallel-size', '-tp', type=int, default=1, help='split the model over this many processes (GPUs): one engine, workers started by it')
 
 def engine_config(args):
     "EngineConfig from parsed flags."
@@ -75,7 +76,7 @@ def engine_config(args):
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
                         enable_chunked_prefill=args.enable_chunked_prefill, preemption_mode=args.preemption_mode, seed=args.seed,
-                        enforce_eager=args.enforce_eager)
+                        enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)
 
 def _read_chat_template(value):
     "A chat template given as a file path or inline Jinja text."
@@ -120,7 +121,7 @@ def cmd_generate(args) -> int:
     print(out[0].outputs[0].text)
     return 0
 
-# %% ../nbs/90_cli.ipynb #f8d41b0b
+# %% ../nbs/90_cli.ipynb #9caf3bd4
 def build_parser() -> argparse.ArgumentParser:
     "The argument parser of `paged-infer`, one subparser per subcommand."
     p = argparse.ArgumentParser(prog='paged-infer', description='paged-infer: a PagedAttention LLM serving engine')
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument('--temperature', type=float, default=0.0)
     gen.add_argument('--sampling-seed', type=int, default=None)
     gen.set_defaults(func=cmd_generate)
+    from paged_infer.benchmark import add_bench_parser  # chapter 17 owns the bench flags and runs them
+    add_bench_parser(sub)
     return p
 
 def main(argv=None) -> int:

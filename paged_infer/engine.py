@@ -7,7 +7,7 @@ __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_
            'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
            'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
 
-# %% ../nbs/13_engine.ipynb #4a0710c1
+# %% ../nbs/13_engine.ipynb #c3e66bf9
 import dataclasses
 import itertools
 import weakref
@@ -25,7 +25,7 @@ from .sampling_params import SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
-# %% ../nbs/13_engine.ipynb #54a3f077
+# %% ../nbs/13_engine.ipynb #fc8394f8
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
@@ -61,7 +61,7 @@ class EngineConfig:
         if self.device.startswith('cuda') and self.tensor_parallel_size > torch.cuda.device_count():
             raise EngineConfigError(f'tensor_parallel_size {self.tensor_parallel_size} needs that many GPUs; this machine has {torch.cuda.device_count()}')
 
-# %% ../nbs/13_engine.ipynb #bd06042d
+# %% ../nbs/13_engine.ipynb #0b0c53fe
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
@@ -95,7 +95,7 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
     return n
 
-# %% ../nbs/13_engine.ipynb #40111f9a
+# %% ../nbs/13_engine.ipynb #015443e0
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
@@ -135,7 +135,7 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
 
-# %% ../nbs/13_engine.ipynb #920a9979
+# %% ../nbs/13_engine.ipynb #5fad3914
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -186,7 +186,7 @@ class LLMEngine:
         "How many sequences of `max_model_len` tokens the pool holds at once."
         return self.num_gpu_blocks * self.config.block_size / self.max_model_len
 
-# %% ../nbs/13_engine.ipynb #b2081a5a
+# %% ../nbs/13_engine.ipynb #77056178
 def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None):
     "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
     params = params or SamplingParams()
@@ -240,7 +240,7 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
 LLMEngine.abort, LLMEngine._forget = abort, _forget
 
-# %% ../nbs/13_engine.ipynb #dc7381de
+# %% ../nbs/13_engine.ipynb #744dabde
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
     out = self.scheduler.schedule()
@@ -255,7 +255,7 @@ def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 
-# %% ../nbs/13_engine.ipynb #850b4431
+# %% ../nbs/13_engine.ipynb #6c2934f2
 def _random_states(self: LLMEngine, seqs: list) -> list:
     gens = {id(x): x for x in [s.generator for s in seqs] + [self.runner.sampler.generator] if x is not None}
     return [(x, x.get_state()) for x in gens.values()]
@@ -284,7 +284,7 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
 
 LLMEngine._step_without_culprits = _step_without_culprits
 
-# %% ../nbs/13_engine.ipynb #2be3d904
+# %% ../nbs/13_engine.ipynb #bf9a46df
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     B = self.block_manager.block_size
@@ -325,7 +325,7 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #5a0b4bcb
+# %% ../nbs/13_engine.ipynb #ddf0040a
 def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
     "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
     p = s.params
@@ -338,7 +338,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
     s.append_token(tok, lp, top)
     self.num_generation_tokens += 1
     d = self.detoks[s.seq_id]
-    if s.num_output_tokens >= p.min_tokens and ((tok == self.tokenizer.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids):
+    if s.num_output_tokens >= p.min_tokens and ((tok == self.runner.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids):
         d.flush(); s.finish(FinishReason.STOP, tok); return
     _, stop = d.step([tok])
     if stop is not None: s.finish(FinishReason.STOP, stop)
@@ -347,7 +347,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
 
 LLMEngine._append = _append
 
-# %% ../nbs/13_engine.ipynb #88f64994
+# %% ../nbs/13_engine.ipynb #04a873f0
 def _beam_score(logprob: float, length: int, alpha: float) -> float:
     return logprob / (length ** alpha)
 
@@ -395,7 +395,7 @@ def _beam_step(self: LLMEngine, g: SequenceGroup):
 
 LLMEngine._beam_step = _beam_step
 
-# %% ../nbs/13_engine.ipynb #aefe13f2
+# %% ../nbs/13_engine.ipynb #590326f4
 def _completion(self: LLMEngine, s: Sequence, index: int) -> CompletionOutput:
     d = self.detoks.get(s.seq_id)
     text = d.text if d is not None else ''
@@ -424,7 +424,7 @@ def stats(self: LLMEngine) -> EngineStats:
 
 LLMEngine._completion, LLMEngine._output, LLMEngine.stats = _completion, _output, stats
 
-# %% ../nbs/13_engine.ipynb #069f613e
+# %% ../nbs/13_engine.ipynb #1ab71a60
 from tqdm.auto import tqdm
 
 class RequestFailedError(RuntimeError):

@@ -7,7 +7,7 @@ __all__ = ['load_model', 'use_triton', 'HostBatch', 'StepInput', 'num_samples', 
            'copy_blocks', 'swap_out', 'swap_in', 'check_stop_tokens', 'generate_static', 'graph_batch_sizes',
            'DecodeGraphs', 'capture_decode_graphs']
 
-# %% ../nbs/11_model_runner.ipynb #aa671087
+# %% ../nbs/11_model_runner.ipynb #8acb31c9
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +18,7 @@ from .sampler import Sampler, SamplerOutput, SamplingBatch
 from .sequence import Sequence
 from .weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
 
-# %% ../nbs/11_model_runner.ipynb #c1f62ba2
+# %% ../nbs/11_model_runner.ipynb #95873c37
 def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto'):
     "Model and tokenizer from a name, folder, GGUF file or hub id; float32 on the CPU and bfloat16 on a GPU by default."
     folder = resolve_model(name_or_path) if name_or_path else resolve_model()
@@ -36,7 +36,7 @@ def use_triton(model: LlamaForCausalLM) -> LlamaForCausalLM:
     model.ops = LayerOps(add_rms_norm, rotary_embedding, silu_and_mul)
     return fuse_projections(model)
 
-# %% ../nbs/11_model_runner.ipynb #8409f87f
+# %% ../nbs/11_model_runner.ipynb #5e48238f
 @dataclass
 class HostBatch:
     "One step's flat batch as plain lists (what tensor-parallel workers are sent, chapter 18)."
@@ -80,6 +80,10 @@ class ModelRunner:
 
     def prepare(self, seqs: list, num_new_tokens: list, block_tables: list) -> StepInput:
         "Flat batch for running `num_new_tokens[i]` uncomputed tokens of each `seqs[i]`."
+        return self.to_device(*self.host_batch(seqs, num_new_tokens, block_tables))
+
+    def host_batch(self, seqs: list, num_new_tokens: list, block_tables: list) -> tuple:
+        "The flat batch as lists, and the sequences behind its sampled rows."
         order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] == 1)  # stable: several-token sequences first
         ids, pos, ctx, qlen, tables, rows, sampled = [], [], [], [], [], [], []
         for i in order:
@@ -91,7 +95,7 @@ class ModelRunner:
             if start + n == s.num_tokens:  # its last uncomputed token: sample (k times for a request's first samples)
                 k = num_samples(s)
                 rows += [len(ids) - 1] * k; sampled += [s] * k
-        return self.to_device(HostBatch(ids, pos, ctx, qlen, tables, rows), sampled)
+        return HostBatch(ids, pos, ctx, qlen, tables, rows), sampled
 
     def to_device(self, b: HostBatch, sampled: list | None = None) -> StepInput:
         "The tensors of a host batch, on the runner's device."
@@ -107,20 +111,19 @@ class ModelRunner:
         hidden = self.model(step.input_ids, step.positions, self.kv_layers, step.meta)  # (num_tokens, hidden)
         return self.model.compute_logits(hidden[step.logits_indices]) if b.logits_indices else None
 
-# %% ../nbs/11_model_runner.ipynb #42a4cf8d
+# %% ../nbs/11_model_runner.ipynb #ce6aaaa3
 @torch.inference_mode()
 def execute(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: list):
     "Run one step; returns the sequences that sampled a token and the sampler's output for them (row i = sequence i), on the host."
-    if self.graphs is not None and self.graphs.fits(num_new_tokens):
-        sampled, hidden = self._decode_with_graph(seqs, block_tables)
-        logits = self.model.compute_logits(hidden) if sampled else None  # (num_sampled, vocab) float32
-    else:
-        step = self.prepare(seqs, num_new_tokens, block_tables)
-        sampled, logits = step.sampled, self.run_batch(step.host, step.sampled)
+    host, sampled = self.host_batch(seqs, num_new_tokens, block_tables)
+    batch = None
+    if sampled:  # built first: its copy to the GPU then waits for nothing (from pageable memory, it waits for the stream)
+        batch = SamplingBatch.from_params([s.params for s in sampled], [s.prompt_token_ids for s in sampled],
+                                          [s.output_token_ids for s in sampled], self.config.vocab_size, self.eos_token_id,
+                                          [s.generator for s in sampled], self.device)
+    if self.graphs is not None and self.graphs.fits(host.query_lens): logits = self._decode_with_graph(host)
+    else: logits = self.run_batch(host, sampled)
     if not sampled: return [], None
-    batch = SamplingBatch.from_params([s.params for s in sampled], [s.prompt_token_ids for s in sampled],
-                                      [s.output_token_ids for s in sampled], logits.shape[-1], self.eos_token_id,
-                                      [s.generator for s in sampled], self.device)
     beams = [2 * s.params.num_seqs_to_sample for s in sampled if s.params.use_beam_search]
     if beams: batch.num_logprobs = max(batch.num_logprobs, *beams)  # beam search ranks the top 2 x width candidates
     return sampled, to_host(self.sampler(logits, batch))
@@ -134,7 +137,7 @@ def to_host(out: SamplerOutput) -> SamplerOutput:
 
 ModelRunner.execute = execute
 
-# %% ../nbs/11_model_runner.ipynb #49b33dd0
+# %% ../nbs/11_model_runner.ipynb #aebd9a0a
 def _pairs(pairs, device):
     src, dst = zip(*pairs)
     return torch.tensor(src, device=device), torch.tensor(dst, device=device)
@@ -165,7 +168,7 @@ def swap_in(self: ModelRunner, pairs: list):
 
 ModelRunner.copy_blocks, ModelRunner.swap_out, ModelRunner.swap_in = copy_blocks, swap_out, swap_in
 
-# %% ../nbs/11_model_runner.ipynb #a236ede4
+# %% ../nbs/11_model_runner.ipynb #894a3980
 from .block_manager import BlockManager
 from .sequence import FinishReason, SequenceStatus
 
@@ -197,13 +200,13 @@ def generate_static(runner: ModelRunner, bm: BlockManager, seqs: list, on_step=N
         live = [s for s in live if not s.is_finished]
     return seqs
 
-# %% ../nbs/11_model_runner.ipynb #eac2e90b
+# %% ../nbs/11_model_runner.ipynb #ca7c8d61
 def graph_batch_sizes(max_num_seqs: int) -> list:
     "Batch sizes to capture decode graphs for: 1, 2, 4, then multiples of 8, the last one >= max_num_seqs."
     sizes = [1, 2, 4] + list(range(8, max_num_seqs + 8, 8))
     return [b for b in sizes if b < max_num_seqs] + [next(b for b in sizes if b >= max_num_seqs)]
 
-# %% ../nbs/11_model_runner.ipynb #cb29a868
+# %% ../nbs/11_model_runner.ipynb #74f16ed5
 class DecodeGraphs:
     "The model's decode step captured as CUDA graphs, one per batch size, over static input buffers."
     def __init__(self, model: LlamaForCausalLM, kv_layers: list, block_size: int, max_model_len: int, batch_sizes: list):
@@ -253,7 +256,7 @@ class DecodeGraphs:
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
 
-# %% ../nbs/11_model_runner.ipynb #dcc92be8
+# %% ../nbs/11_model_runner.ipynb #5bdcaefe
 @torch.inference_mode()
 def capture_decode_graphs(self: ModelRunner, batch_sizes: list, max_model_len: int):
     "Capture decode steps as CUDA graphs for these batch sizes (a GPU only); later pure-decode steps replay them."
@@ -261,17 +264,13 @@ def capture_decode_graphs(self: ModelRunner, batch_sizes: list, max_model_len: i
     if self.peers is not None: raise ValueError('CUDA graphs are not used with tensor parallelism yet (the other ranks would have to capture too)')
     self.graphs = DecodeGraphs(self.model, self.kv_layers, self.block_size, max_model_len, batch_sizes)
 
-def _decode_with_graph(self: ModelRunner, seqs: list, block_tables: list):
-    ids, pos, slots, lens, rows, sampled = [], [], [], [], [], []
+def _decode_with_graph(self: ModelRunner, b: HostBatch):
+    "A decode-only host batch through the graphs: the logits of its sampled rows (or None)."
     B = self.block_size
-    for i, (s, t) in enumerate(zip(seqs, block_tables)):
-        p = s.num_computed_tokens
-        ids.append(s.token_ids(p, p + 1)[0]); pos.append(p); slots.append(t[p // B] * B + p % B); lens.append(p + 1)
-        if p + 1 == s.num_tokens:
-            k = num_samples(s)
-            rows += [i] * k; sampled += [s] * k
-    hidden = self.graphs.run(ids, pos, slots, lens, block_tables)
-    if rows != list(range(len(seqs))): hidden = hidden[torch.tensor(rows, device=self.device)]
-    return sampled, hidden
+    slots = [t[p // B] * B + p % B for p, t in zip(b.positions, b.block_tables)]
+    hidden = self.graphs.run(b.input_ids, b.positions, slots, [p + 1 for p in b.positions], b.block_tables)
+    if not b.logits_indices: return None
+    if b.logits_indices != list(range(len(b.input_ids))): hidden = hidden[torch.tensor(b.logits_indices, device=self.device)]
+    return self.model.compute_logits(hidden)  # (num_sampled, vocab) float32
 
 ModelRunner.capture_decode_graphs, ModelRunner._decode_with_graph = capture_decode_graphs, _decode_with_graph
