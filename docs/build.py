@@ -28,6 +28,7 @@ import re
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -185,11 +186,13 @@ def write_page(nb_path: Path, md_dir: Path, flags=()) -> dict:
 
 def write_pages(notebooks: list, md_dir: Path, flags: set, workers: int) -> list:
     "Steps 1-3 for every notebook, each in a fresh process; the navigation, or exit naming the notebooks that failed."
-    with multiprocessing.Pool(workers, maxtasksperchild=1) as pool:
-        jobs = {nb: pool.apply_async(write_page, (nb, md_dir, flags)) for nb in notebooks}
+    # not multiprocessing.Pool: its workers are daemonic and may not start processes (chapter 18 starts its ranks)
+    ctx = multiprocessing.get_context('spawn')
+    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+        jobs = {nb: pool.submit(write_page, nb, md_dir, flags) for nb in notebooks}
         nav, failed = [], []
         for nb, job in jobs.items():
-            try: nav.append(job.get())
+            try: nav.append(job.result())
             except Exception as e:
                 failed.append(nb.name)
                 print(f'\n{type(e).__name__}: {e}', file=sys.stderr)
