@@ -24,11 +24,11 @@ Then:
 import argparse
 import logging
 import multiprocessing
+import multiprocessing.pool
 import re
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -184,15 +184,24 @@ def write_page(nb_path: Path, md_dir: Path, flags=()) -> dict:
     return {title_of(nb, plain=True): page_of(nb_path).as_posix()}
 
 
+class _NonDaemonProcess(multiprocessing.get_context('fork').Process):
+    "A pool worker that may start processes of its own (chapter 18 starts its tensor-parallel ranks): not daemonic."
+    @property
+    def daemon(self): return False
+    @daemon.setter
+    def daemon(self, value): pass
+
+class _NonDaemonContext(type(multiprocessing.get_context('fork'))):
+    Process = _NonDaemonProcess
+
+
 def write_pages(notebooks: list, md_dir: Path, flags: set, workers: int) -> list:
     "Steps 1-3 for every notebook, each in a fresh process; the navigation, or exit naming the notebooks that failed."
-    # not multiprocessing.Pool: its workers are daemonic and may not start processes (chapter 18 starts its ranks)
-    ctx = multiprocessing.get_context('spawn')
-    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
-        jobs = {nb: pool.submit(write_page, nb, md_dir, flags) for nb in notebooks}
+    with multiprocessing.pool.Pool(workers, maxtasksperchild=1, context=_NonDaemonContext()) as pool:
+        jobs = {nb: pool.apply_async(write_page, (nb, md_dir, flags)) for nb in notebooks}
         nav, failed = [], []
         for nb, job in jobs.items():
-            try: nav.append(job.result())
+            try: nav.append(job.get())
             except Exception as e:
                 failed.append(nb.name)
                 print(f'\n{type(e).__name__}: {e}', file=sys.stderr)
