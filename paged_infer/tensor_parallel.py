@@ -6,7 +6,7 @@
 __all__ = ['Shard', 'make_shard', 'shard_tensor', 'RowParallelLinear', 'VocabParallelEmbedding', 'ParallelLMHead', 'shard_model',
            'load_model_shard', 'Peers', 'start_tensor_parallel']
 
-# %% ../nbs/18_tensor_parallel.ipynb #1bad9913
+# %% ../nbs/18_tensor_parallel.ipynb #db090585
 import dataclasses, os, re, socket, weakref
 
 import torch
@@ -19,7 +19,7 @@ from .block_table import cdiv
 from .model import LlamaForCausalLM, ModelConfig, UnsupportedModelError
 from .weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
 
-# %% ../nbs/18_tensor_parallel.ipynb #1b26e2ed
+# %% ../nbs/18_tensor_parallel.ipynb #8b9998b3
 @dataclasses.dataclass(frozen=True)
 class Shard:
     "The slices of a model that rank `rank` of `size` holds."
@@ -43,7 +43,7 @@ def make_shard(c: ModelConfig, rank: int, size: int) -> Shard:
     ffn, vp = c.intermediate_size // size, cdiv(c.vocab_size, size)
     return Shard(rank, size, (rank * hq, hq), kv, (rank * ffn, ffn), (rank * vp, vp))
 
-# %% ../nbs/18_tensor_parallel.ipynb #b4332827
+# %% ../nbs/18_tensor_parallel.ipynb #13e3c5c2
 def shard_tensor(sh: Shard, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
     "This rank's slice of checkpoint tensor `name`."
     D = c.head_dim
@@ -58,7 +58,7 @@ def shard_tensor(sh: Shard, c: ModelConfig, name: str, t: torch.Tensor) -> torch
         return F.pad(part, (0, 0, 0, sh.vocab[1] - part.shape[0]))  # the padding rows: zeros, never looked up or sampled
     return t
 
-# %% ../nbs/18_tensor_parallel.ipynb #76d275cd
+# %% ../nbs/18_tensor_parallel.ipynb #9ee6f4a1
 class RowParallelLinear(nn.Module):
     "y = all_reduce(x @ W_r^T) + b: the input features are split among the ranks."
     def __init__(self, in_features: int, out_features: int, bias: bool, group):
@@ -127,7 +127,7 @@ def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', de
         use_triton(model)
     return model.eval(), load_tokenizer(folder)
 
-# %% ../nbs/18_tensor_parallel.ipynb #67aa49ca
+# %% ../nbs/18_tensor_parallel.ipynb #32dee1ee
 class Peers:
     "Rank 0's handle on the other ranks: broadcast an order, stop them."
     def __init__(self, procs: list, cpu_group):
