@@ -403,7 +403,7 @@ def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = 
         engine = LLMEngine(config); warm_up(engine)
         res['engine'], outs = run_engine(engine, workload, progress)
         res['engine_num_gpu_blocks'] = engine.num_gpu_blocks
-        del engine; _release_memory()
+        engine.shutdown(); del engine; _release_memory()  # shutdown: the other ranks' processes, with tensor parallelism
     if backend != 'engine':
         hf = load_hf_model(config.model, config.dtype, config.device)
         pad = hf.generation_config.pad_token_id or 0
@@ -457,6 +457,7 @@ def _add_engine_flags(p):
     g.add_argument('--enable-prefix-caching', action=argparse.BooleanOptionalAction, default=True)
     g.add_argument('--enable-chunked-prefill', action=argparse.BooleanOptionalAction, default=True)
     g.add_argument('--enforce-eager', action='store_true', help='on a GPU, no CUDA graphs for decode')
+    g.add_argument('--tensor-parallel-size', '-tp', type=int, default=1, help='ranks (one GPU each) the model is split over (chapter 18)')
 
 def _add_workload_flags(p, default='sharegpt-like'):
     g = p.add_argument_group('workload')
@@ -488,7 +489,7 @@ def engine_config_from_args(args) -> EngineConfig:
               kv_cache_memory_gb=args.kv_cache_memory_gb, gpu_memory_utilization=args.gpu_memory_utilization,
               max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
               enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed)
-    kw['enforce_eager'] = args.enforce_eager
+    kw['enforce_eager'], kw['tensor_parallel_size'] = args.enforce_eager, args.tensor_parallel_size
     return EngineConfig(**kw)
 
 def workload_from_args(args) -> BenchWorkload:
@@ -529,6 +530,7 @@ def cmd_bench_latency(args) -> int:
     except ValueError as e: return _fail(e)
     engine = LLMEngine(config); warm_up(engine)
     r = run_latency(engine, args.batch_size, args.input_len, args.output_len, args.num_iters, args.seed, args.vocab_size, not args.no_progress)
+    engine.shutdown()
     res = dict(kind='latency', engine_config=dataclasses.asdict(config), machine=machine_info()) | r
     d = r['decode_step_ms']
     text = (f"batch {args.batch_size} x {args.input_len} prompt tokens, {args.output_len} output tokens: prefill {r['prefill_s'] * 1e3:.1f} ms; "
