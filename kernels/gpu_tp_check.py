@@ -7,10 +7,9 @@
    greedy tokens: token-identical (as chapter 18's CPU test over gloo, here over NCCL and the Triton kernels).
 2. 8b: a random-weight Llama-3.1-8B-shaped model (bf16 folder, `make_random_model`, reused by the throughput runs).
    a. float32 (the bf16 weights, upcast, so the same model): HF fp32 `generate` against TP=1 and TP=2, the latter
-      also with a pool small enough to preempt by swapping, with chunked prefill (64-token budget) and with CUDA
-      graphs (every rank captures and replays): 8 prompts of
+      also with a pool small enough to preempt by swapping and with chunked prefill (64-token budget): 8 prompts of
       24-300 random tokens x 32 greedy tokens. In float32 near-ties are rare, so tokens should agree.
-   b. bfloat16: HF bf16 `generate` against TP=1 (eager, CUDA graphs) and TP=2 (eager, CUDA graphs). Random weights give flat logits, so
+   b. bfloat16: HF bf16 `generate` against TP=1 (eager, CUDA graphs) and TP=2. Random weights give flat logits, so
       bf16 paths part at near-ties; as in gpu_parity.py the measure is teacher-forced: along each run's own output,
       the log-probability it reported against a float32 copy's, max abs error, beside HF bf16's own error on the same
       sequences. TP=2 no worse than TP=1 and HF means the split adds nothing beyond bf16 rounding.
@@ -114,8 +113,7 @@ def eight_b(a):
             ('fp32 tp2 preempt-swap', 'float32', 2, True, dict(num_gpu_blocks=40, num_cpu_blocks=256, preemption_mode='swap')),
             ('fp32 tp2 chunked', 'float32', 2, True, dict(max_num_batched_tokens=64)),
             ('bf16 tp1 eager', 'bfloat16', 1, True, {}), ('bf16 tp1 graphs', 'bfloat16', 1, False, {}),
-            ('bf16 tp2', 'bfloat16', 2, True, {}),
-            ('fp32 tp2 graphs', 'float32', 2, False, {}), ('bf16 tp2 graphs', 'bfloat16', 2, False, {})]
+            ('bf16 tp2', 'bfloat16', 2, True, {})]  # with CUDA graphs and TP: kernels/tp_graphs_attempt.patch (hangs; NOTES.md)
     if a.runs: plan = [r for r in plan if r[0] in a.runs.split(',') or r[0] == 'bf16 tp1 eager']
     for name, dtype, tp, eager, kw in plan:
         toks, lps, info = run_engine(folder, prompts, N, dtype, tp, eager, **kw)
