@@ -37,7 +37,7 @@ from .sampling_params import SamplingParams
 from .why_paging import alpaca_like, sharegpt_like, uniform_workload
 
 # %% ../nbs/17_benchmarks.ipynb #0c3baf51
-WORKLOADS = ('sharegpt-like', 'alpaca-like', 'uniform', 'shared-prefix')
+WORKLOADS = ('sharegpt-like', 'alpaca-like', 'uniform', 'shared-prefix', 'long-prompts')
 TOKEN_ID_LOW = 100  # random prompt ids start here: clear of the special tokens at the start of the vocabularies used here
 
 class WorkloadError(ValueError):
@@ -80,6 +80,9 @@ def _lengths(name: str, n: int, seed: int, max_model_len: int, prefix_len: int):
     elif name == 'shared-prefix':  # a short question after the shared system prompt, and a short answer
         if not 0 < prefix_len < max_model_len - 1: raise WorkloadError(f'prefix_len {prefix_len} must be in (0, {max_model_len - 1})')
         w = alpaca_like(n, seed, max_model_len - prefix_len)
+    elif name == 'long-prompts':  # short chat turns, and one request in eight with a prompt of half the context
+        w = alpaca_like(n, seed, max_model_len // 2)
+        w.prompt_lens[4::8] = max_model_len // 2
     else: raise WorkloadError(f'unknown workload {name!r}; choose one of {", ".join(WORKLOADS)}')
     return w.prompt_lens, w.output_lens
 
@@ -583,7 +586,7 @@ def add_bench_parser(subparsers):
 def load_results(folder='../benchmarks/results', kind: str | None = None) -> list:
     "Result files of `paged-infer bench` found in `folder` (of one kind, if given), each with its file name under 'file'."
     out = []
-    for f in sorted(Path(folder).glob('*.json')):
+    for f in sorted(Path(folder).rglob('*.json')):  # sub-folders too (h200/, cpu_serving/)
         try: r = json.loads(f.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError): continue
         if isinstance(r, dict) and r.get('kind') in ('throughput', 'latency', 'serving') and (kind is None or r['kind'] == kind):
