@@ -244,7 +244,7 @@ def run_engine(engine: LLMEngine, workload: BenchWorkload, progress: bool = True
     m.update(backend='engine', steps=len(running), preemptions=sched.num_preemptions - p0, peak_running_seqs=max(running, default=0),
              mean_running_seqs=float(np.mean(running)) if running else 0.0, kv_token_share=float(np.mean(share)) if share else 0.0,
              prefix_cache_hit_tokens=bm.prefix_hits - h0, prompt_tokens_computed=engine.num_prompt_tokens - c0,
-             running_per_step=running)
+             running_per_step=running, cuda_graphs=engine.runner.graphs is not None)
     return m, outs
 
 # %% ../nbs/17_benchmarks.ipynb #1e9f1a12
@@ -403,10 +403,13 @@ def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = 
                machine=machine_info(), engine=None, hf=[])
     outs = None
     if backend != 'hf-only':
-        engine = LLMEngine(config); warm_up(engine)
-        res['engine'], outs = run_engine(engine, workload, progress)
-        res['engine_num_gpu_blocks'] = engine.num_gpu_blocks
-        engine.shutdown(); del engine; _release_memory()  # shutdown: the other ranks' processes, with tensor parallelism
+        engine = LLMEngine(config)
+        try:
+            warm_up(engine)
+            res['engine'], outs = run_engine(engine, workload, progress)
+            res['engine_num_gpu_blocks'] = engine.num_gpu_blocks
+        finally: engine.shutdown()  # the other ranks' processes, with tensor parallelism
+        del engine; _release_memory()
     if backend != 'engine':
         hf = load_hf_model(config.model, config.dtype, config.device)
         pad = hf.generation_config.pad_token_id or 0
@@ -531,9 +534,11 @@ def cmd_bench_latency(args) -> int:
         return _fail(ValueError('--batch-size, --input-len and --num-iters must be >= 1, --output-len >= 2'))
     try: config = engine_config_from_args(args)
     except ValueError as e: return _fail(e)
-    engine = LLMEngine(config); warm_up(engine)
-    r = run_latency(engine, args.batch_size, args.input_len, args.output_len, args.num_iters, args.seed, args.vocab_size, not args.no_progress)
-    engine.shutdown()
+    engine = LLMEngine(config)
+    try:
+        warm_up(engine)
+        r = run_latency(engine, args.batch_size, args.input_len, args.output_len, args.num_iters, args.seed, args.vocab_size, not args.no_progress)
+    finally: engine.shutdown()  # the other ranks' processes, with tensor parallelism
     res = dict(kind='latency', engine_config=dataclasses.asdict(config), machine=machine_info()) | r
     d = r['decode_step_ms']
     text = (f"batch {args.batch_size} x {args.input_len} prompt tokens, {args.output_len} output tokens: prefill {r['prefill_s'] * 1e3:.1f} ms; "
@@ -590,5 +595,5 @@ def load_results(folder='../benchmarks/results', kind: str | None = None) -> lis
         try: r = json.loads(f.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError): continue
         if isinstance(r, dict) and r.get('kind') in ('throughput', 'latency', 'serving') and (kind is None or r['kind'] == kind):
-            out.append(r | dict(file=f.name))
+            out.append(r | dict(file=str(f.relative_to(folder))))
     return out

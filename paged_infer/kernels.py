@@ -150,9 +150,9 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return 1 << max(limit, 1).bit_length() - 1  # the largest power of two <= limit
 
 # %% ../nbs/15_kernels.ipynb #ece6bf00
-def dot_precision(dtype: torch.dtype) -> str:
-    "How `tl.dot` multiplies: in full float32 ('ieee') for float32 inputs, where Triton's default on a GPU is TF32 (10-bit mantissas)."
-    return 'ieee' if dtype == torch.float32 else 'tf32'  # 16-bit inputs ignore it
+def dot_precision(dtype: torch.dtype) -> str | None:
+    "How `tl.dot` multiplies: in full float32 ('ieee') for float32 inputs, where Triton's default on a GPU is TF32 (10-bit mantissas); else Triton's default (None)."
+    return 'ieee' if dtype == torch.float32 else None
 
 def _check_attention(q, k_cache, v_cache, block_tables, seq_lens):
     _check_cache(k_cache, v_cache)
