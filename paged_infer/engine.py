@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_blocks', 'CompletionOutput', 'RequestOutput',
-           'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'add_request', 'abort', 'step',
-           'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
+           'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'needs_every_token', 'add_request', 'abort',
+           'InFlight', 'step', 'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
 
 # %% ../nbs/13_engine.ipynb #c3e66bf9
 import dataclasses
@@ -51,6 +51,7 @@ class EngineConfig:
     seed: int = 0  # for requests without a seed of their own
     enforce_eager: bool = False  # on a GPU, never replay decode steps through CUDA graphs
     tensor_parallel_size: int = 1  # ranks (processes, one GPU each) the model is split over (chapter 18)
+    async_scheduling: bool | None = None  # schedule and launch step t+1 while step t runs; None: on a GPU without tensor parallelism
 
     def __post_init__(self):
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): raise EngineConfigError(f'block_size {self.block_size}: a power of two up to 128')
@@ -60,6 +61,9 @@ class EngineConfig:
         if not (isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1): raise EngineConfigError('tensor_parallel_size must be an integer >= 1')
         if self.device.startswith('cuda') and self.tensor_parallel_size > torch.cuda.device_count():
             raise EngineConfigError(f'tensor_parallel_size {self.tensor_parallel_size} needs that many GPUs; this machine has {torch.cuda.device_count()}')
+        if self.async_scheduling is None: self.async_scheduling = self.device.startswith('cuda') and self.tensor_parallel_size == 1
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise EngineConfigError('async scheduling is not supported with tensor parallelism (the other ranks need every input token on the host)')
 
 # %% ../nbs/13_engine.ipynb #0b0c53fe
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -172,6 +176,8 @@ class LLMEngine:
         if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:  # chapter 11: decode steps as CUDA graphs
             self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
+        self.inflight = None  # async scheduling: the step launched last, not postprocessed yet (an InFlight)
+        self.sync_only: set = set()  # ids of unfinished requests that need every token on the host before the next step
         self.detoks: dict = {}  # seq id -> IncrementalDetokenizer
         self.num_prompt_tokens = self.num_generation_tokens = 0
         self._ids = itertools.count()
@@ -208,6 +214,11 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
                            f'({(bm.gpu.num_blocks - bm.watermark_blocks) * bm.block_size} tokens)', 'max_tokens')
     return ids, text, params
 
+def needs_every_token(p: SamplingParams) -> bool:
+    "Whether a request's next step needs its newest token on the host: forks (n, best_of), beams, penalties, logits processors."
+    return (p.use_beam_search or p.num_seqs_to_sample > 1 or bool(p.logits_processors)
+            or p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1)
+
 def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                 arrival_time: float | None = None, priority: int = 0) -> str:
     "Queue a request (text, or token ids); returns its id. Raises RequestError / SamplingParamsError for a bad one."
@@ -219,6 +230,7 @@ def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, r
     g = SequenceGroup(request_id, [seq], params, time.monotonic() if arrival_time is None else arrival_time, priority, text)
     self.detoks[seq.seq_id] = self._detokenizer(seq)
     self.groups[request_id] = g
+    if needs_every_token(params): self.sync_only.add(request_id)
     self.scheduler.add(g)
     return request_id
 
@@ -235,25 +247,66 @@ def abort(self: LLMEngine, request_id: str) -> bool:
 
 def _forget(self: LLMEngine, g: SequenceGroup):
     self.groups.pop(g.request_id, None)
+    self.sync_only.discard(g.request_id)
     for s in g.seqs + [h for _, h in g.hyps]: self.detoks.pop(s.seq_id, None)
 
 LLMEngine.check_request, LLMEngine.add_request, LLMEngine._detokenizer = check_request, add_request, _detokenizer
 LLMEngine.abort, LLMEngine._forget = abort, _forget
 
 # %% ../nbs/13_engine.ipynb #744dabde
+@dataclass
+class InFlight:
+    "A launched step: what was scheduled, the sequences that sample, and their tokens to come (a StepFuture, or None)."
+    out: object  # SchedulerOutput
+    sampled: list
+    future: object = None
+
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
+    outputs, prev, self.inflight = [], self.inflight, None
+    overlap = self.config.async_scheduling and not self.sync_only
+    if prev is not None and not overlap: outputs, prev = self._finish(prev), None  # the host needs every token first
     out = self.scheduler.schedule()
-    if out.is_empty: return [self._output(self.groups[r]) for r in out.preempted if r in self.groups]
+    if out.is_empty:
+        if prev is not None: outputs += self._finish(prev)
+        return outputs + [self._output(self.groups[r]) for r in out.preempted if r in self.groups]
     r = self.runner
     r.swap_out(out.blocks_to_swap_out); r.swap_in(out.blocks_to_swap_in); r.copy_blocks(out.blocks_to_copy)
-    try: sampled, samples = r.execute(out.seqs, out.num_new_tokens, out.block_tables)
-    except Exception as e: return self._step_without_culprits(out, e)
-    return self._postprocess(out, sampled, samples)
+    try: launched = self._launch(out, prev)
+    except Exception as e:
+        if prev is not None: outputs += self._finish(prev)
+        return outputs + self._step_without_culprits(out, e)
+    if prev is not None: outputs += self._finish(prev)  # while `launched` runs on the device
+    if overlap and self.groups: self.inflight = launched
+    else: outputs += self._finish(launched)  # (with no request left, its rows are all dropped: nothing to wait for later)
+    return outputs
 
 def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
+def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
+    "Start the step on the device; count its tokens as computed and its samples as pending."
+    sampled, future = self.runner.launch(out.seqs, out.num_new_tokens, out.block_tables, prev.future if prev else None)
+    for s, n in zip(out.seqs, out.num_new_tokens):
+        if s.num_computed_tokens < s.num_prompt_tokens: self.num_prompt_tokens += min(n, s.num_prompt_tokens - s.num_computed_tokens)
+        s.num_computed_tokens += n
+    for s in (future.rows if future is not None else ()): s.num_pending_tokens += 1
+    self._cache_blocks(out.seqs)
+    return InFlight(out, sampled, future)
+
+def _finish(self: LLMEngine, f: InFlight) -> list:
+    "Wait for a launched step's tokens, then postprocess it."
+    return self._postprocess(f.out, f.sampled, f.future.result() if f.future is not None else None)
+
+def _cache_blocks(self: LLMEngine, seqs: list):
+    "Name newly full blocks of computed, known tokens in the prefix cache."
+    bm = self.block_manager
+    for s in seqs:
+        known = s.num_prompt_tokens + s.num_output_tokens  # a pending token is not known yet
+        if s.seq_id in bm.tables and min(s.num_computed_tokens, known) // bm.block_size > len(bm.tables[s.seq_id].hashes):
+            bm.cache_blocks(s.seq_id, s.token_ids(0, known), min(s.num_computed_tokens, known))
+
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
+LLMEngine._launch, LLMEngine._finish, LLMEngine._cache_blocks = _launch, _finish, _cache_blocks
 
 # %% ../nbs/13_engine.ipynb #6c2934f2
 def _random_states(self: LLMEngine, seqs: list) -> list:
@@ -279,32 +332,30 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
         outputs.append(o); self._forget(g)
     keep = [row for rid, rows in by_request.items() if rid not in failed for row in rows]
     out = dataclasses.replace(out, seqs=[s for s, _, _ in keep], num_new_tokens=[n for _, n, _ in keep], block_tables=[t for _, _, t in keep])
-    sampled, samples = self.runner.execute(out.seqs, out.num_new_tokens, out.block_tables) if keep else ([], None)
-    return outputs + self._postprocess(out, sampled, samples)
+    return outputs + (self._finish(self._launch(out)) if keep else [])
 
 LLMEngine._step_without_culprits = _step_without_culprits
 
 # %% ../nbs/13_engine.ipynb #bf9a46df
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
-    B = self.block_manager.block_size
-    for s, n in zip(out.seqs, out.num_new_tokens):  # 1.
-        if s.num_computed_tokens < s.num_prompt_tokens: self.num_prompt_tokens += min(n, s.num_prompt_tokens - s.num_computed_tokens)
-        s.num_computed_tokens += n
-        if s.num_computed_tokens // B > len(self.block_manager.tables[s.seq_id].hashes):
-            self.block_manager.cache_blocks(s.seq_id, s.token_ids(), s.num_computed_tokens)
     rows = {}  # 2. sequence -> its rows in the sampler output
     for i, s in enumerate(sampled): rows.setdefault(s, []).append(i)
     now = time.monotonic()
     for s, idx in rows.items():
+        if s.is_finished: continue  # it finished (or was aborted) while this step ran: the token is dropped
+        s.num_pending_tokens -= 1  # the host has it now
         g = self.groups[s.request_id]
         changed.add(g)
         if g.first_token_time is None: g.first_token_time = now
         if s.params.use_beam_search: _propose(s, samples, idx[0]); continue
         targets = [s] + [self._fork(g, s) for _ in idx[1:]]  # fork first: each fork takes one of the samples
         for t, i in zip(targets, idx): self._append(t, samples, i)
-    for g in {self.groups[s.request_id] for s in rows if s.params.use_beam_search}: self._beam_step(g)
-    for g in self.scheduler.free_finished():  # 4.
+    for g in {self.groups[s.request_id] for s in rows if s.params.use_beam_search and not s.is_finished}: self._beam_step(g)
+    self._cache_blocks(out.seqs)  # 1. (again: the tokens just known may fill blocks)
+    done = self.scheduler.free_finished()  # 4.
+    done += [x for g in changed - set(done) if g.is_finished and (x := self.scheduler.abort(g.request_id))]  # finished while preempted
+    for g in done:
         g.finished_time = now; changed.add(g)
     outputs = [self._output(g) for g in changed]
     for g in changed:
@@ -342,7 +393,7 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = N
         d.flush(); s.finish(FinishReason.STOP, tok); return
     _, stop = d.step([tok])
     if stop is not None: s.finish(FinishReason.STOP, stop)
-    elif s.num_output_tokens >= p.max_tokens or s.num_tokens >= self.max_model_len:
+    elif s.num_output_tokens >= p.max_tokens or s.num_prompt_tokens + s.num_output_tokens >= self.max_model_len:
         d.flush(); s.finish(FinishReason.LENGTH)
 
 LLMEngine._append = _append

@@ -13,6 +13,7 @@ import inspect
 
 import torch
 
+from .attention import host_to_device
 from .sampling_params import SamplingParams
 
 # %% ../nbs/09_sampler.ipynb #f3842dd7
@@ -24,7 +25,7 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device='cpu') -> t
         raise IndexError(f'a token id lies outside the vocabulary of {vocab_size}')
     rows = torch.repeat_interleave(torch.arange(len(token_ids)), lengths)  # (sum of lengths,) row of each token
     counts = torch.zeros(len(token_ids), vocab_size, dtype=torch.int32, device=device)
-    counts.index_put_((rows.to(device), flat.to(device)), torch.ones(len(flat), dtype=torch.int32, device=device),
+    counts.index_put_((host_to_device(rows, device), host_to_device(flat, device)), torch.ones(len(flat), dtype=torch.int32, device=device),
                       accumulate=True)
     return counts  # (B, V)
 
@@ -65,7 +66,7 @@ def _scatter(pairs: list, B: int, V: int, values, dtype, device) -> torch.Tensor
     out = torch.zeros(B, V, dtype=dtype, device=device)
     if pairs:
         rows, cols = torch.tensor(pairs, dtype=torch.long).T
-        out[rows.to(device), cols.to(device)] = torch.tensor(values, dtype=dtype).to(device)
+        out[host_to_device(rows, device), host_to_device(cols, device)] = host_to_device(torch.tensor(values, dtype=dtype), device)
     return out
 
 def _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, generators, device) -> SamplingBatch:
@@ -90,7 +91,8 @@ def _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, 
     cols = torch.tensor([[p.temperature if r else 1.0 for p, r in zip(params, rand)], [p.top_p if r else 1.0 for p, r in zip(params, rand)],
                          [p.top_k if r else 0 for p, r in zip(params, rand)], [p.min_p if r else 0.0 for p, r in zip(params, rand)],
                          [not r for r in rand], [p.presence_penalty for p in params], [p.frequency_penalty for p in params],
-                         [p.repetition_penalty for p in params]], dtype=torch.float32).to(device)  # one copy to the device, not eight
+                         [p.repetition_penalty for p in params]], dtype=torch.float32)
+    cols = host_to_device(cols, device)  # one copy to the device, not eight
     temperature, top_p, top_k, min_p, greedy, presence, frequency, repetition = cols.reshape(8, B)
     return cls(
         temperature=temperature, top_p=top_p, top_k=top_k.long(), min_p=min_p, greedy=greedy.bool(),  # top_k < 2**24: exact in float32

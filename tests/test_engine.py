@@ -65,33 +65,41 @@ def run(engine, prompts, params, stagger=False):
 GREEDY = SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW)
 
 
-def test_a_mixed_batch(shared):
-    eng = LLMEngine(num_gpu_blocks=128)
+# each engine test runs twice: waiting for every step (sync), and scheduling step t+1 while step t runs (async)
+ASYNC = pytest.mark.parametrize('async_scheduling', [False, True], ids=['sync', 'async'])
+
+
+@ASYNC
+def test_a_mixed_batch(shared, async_scheduling):
+    eng = LLMEngine(num_gpu_blocks=128, async_scheduling=async_scheduling)
     assert run(eng, shared['prompts'], GREEDY) == shared['refs']
 
 
+@ASYNC
 @pytest.mark.parametrize('mode', ['recompute', 'swap'])
-def test_b_preemption(shared, mode):
-    eng = LLMEngine(num_gpu_blocks=14, num_cpu_blocks=64, preemption_mode=mode)
+def test_b_preemption(shared, mode, async_scheduling):
+    eng = LLMEngine(num_gpu_blocks=14, num_cpu_blocks=64, preemption_mode=mode, async_scheduling=async_scheduling)
     assert run(eng, shared['prompts'], GREEDY) == shared['refs']
     assert eng.scheduler.num_preemptions > 0, 'the pool was meant to be too small'
 
 
-def test_c_chunked_prefill(shared):
-    eng = LLMEngine(num_gpu_blocks=128, max_num_batched_tokens=16)
+@ASYNC
+def test_c_chunked_prefill(shared, async_scheduling):
+    eng = LLMEngine(num_gpu_blocks=128, max_num_batched_tokens=16, async_scheduling=async_scheduling)
     chunks = []
-    orig = eng.runner.execute
+    orig = eng.runner.launch
 
-    def spy(seqs, n, tables):
+    def spy(seqs, n, tables, prev=None):
         chunks.extend(k for s, k in zip(seqs, n) if k < s.num_uncomputed_tokens)
-        return orig(seqs, n, tables)
-    eng.runner.execute = spy
+        return orig(seqs, n, tables, prev)
+    eng.runner.launch = spy
     assert run(eng, shared['prompts'], GREEDY) == shared['refs']
     assert chunks, 'some prompts must have run in chunks'
 
 
-def test_d_prefix_caching(shared):
-    eng = LLMEngine(num_gpu_blocks=128)
+@ASYNC
+def test_d_prefix_caching(shared, async_scheduling):
+    eng = LLMEngine(num_gpu_blocks=128, async_scheduling=async_scheduling)
     assert run(eng, shared['shared_prefix'], GREEDY, stagger=True) == shared['shared_refs']
     s = eng.stats()
     assert s.prefix_cache_hits >= 3 * 48, f'{s.prefix_cache_hits} tokens from the prefix cache'
@@ -176,18 +184,19 @@ def test_bad_requests_are_refused_and_lose_nothing():
 
 
 @pytest.fixture(scope='module')
-def small_engine():
-    return LLMEngine(num_gpu_blocks=20, num_cpu_blocks=16, max_num_batched_tokens=32)
+def small_engines():
+    return {a: LLMEngine(num_gpu_blocks=20, num_cpu_blocks=16, max_num_batched_tokens=32, async_scheduling=a) for a in (False, True)}
 
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_random_aborts_leak_nothing(small_engine, data):
-    """Requests of every kind (greedy, n > 1, best_of, beams, stop strings), aborted at random moments under preemption."""
-    eng = small_engine
+def test_random_aborts_leak_nothing(small_engines, data):
+    """Requests of every kind (greedy, n > 1, best_of, beams, stop strings), aborted at random moments under preemption,
+    with and without async scheduling."""
+    eng = small_engines[data.draw(st.booleans())]
     eng.scheduler.config.preemption_mode = data.draw(st.sampled_from(['recompute', 'swap']))
     kinds = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10),
              SamplingParams(best_of=3, n=2, temperature=0.7, max_tokens=8),
@@ -206,3 +215,78 @@ def test_random_aborts_leak_nothing(small_engine, data):
         assert steps < 500
     assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and eng.block_manager.cpu.num_free == 16
     assert not eng.detoks, 'per-sequence state is dropped with the request'
+
+
+# Async scheduling (chapter 13): the same outputs as waiting for every step, whatever finishes a request while the
+# next step is already running, and nothing lost when a request is aborted or needs every token on the host.
+
+def run_all(eng, reqs):
+    ids = [eng.add_request(p, sp) for p, sp in reqs]
+    done, overlapped = {}, 0
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+        overlapped += eng.inflight is not None
+        eng.block_manager.check_invariants()
+    assert eng.inflight is None and eng.block_manager.num_free_blocks == eng.num_gpu_blocks
+    return [done[r] for r in ids], overlapped
+
+
+def summary(o):
+    return [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in o.outputs]
+
+
+def test_async_matches_sync_on_stops_seeds_and_logprobs(shared):
+    """eos, stop strings, stop token ids, max_tokens, min_tokens, logprobs and seeded sampling: identical outputs."""
+    p = shared['prompts']
+    kinds = [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0, stop=[' the', '.'], max_tokens=30),
+             SamplingParams(temperature=0, stop_token_ids=[13], max_tokens=30, logprobs=3),
+             SamplingParams(temperature=0.9, seed=7, max_tokens=25), SamplingParams(temperature=0, max_tokens=5),
+             SamplingParams(temperature=0, min_tokens=12, max_tokens=20), SamplingParams(temperature=0.7, top_p=0.9, seed=3, max_tokens=18, logprobs=1),
+             SamplingParams(temperature=0, max_tokens=1)]
+    reqs = [(p[i % len(p)], k) for i, k in enumerate(kinds)]
+    sync, n_sync = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=False), reqs)
+    asyn, n_async = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=True), reqs)
+    assert n_sync == 0 and n_async > 10, 'the async engine had a step in flight after most steps'
+    for a, b in zip(sync, asyn):
+        (ta, xa, fa, ra, la), = summary(a); (tb, xb, fb, rb, lb), = summary(b)
+        assert (ta, xa, fa, ra) == (tb, xb, fb, rb)
+        if la is not None: assert all(d1.keys() == d2.keys() and all(abs(d1[k] - d2[k]) < 1e-4 for k in d1) for d1, d2 in zip(la, lb))
+    assert {a.outputs[0].finish_reason for a in sync} == {'stop', 'length'}
+
+
+def test_async_waits_while_a_request_needs_every_token(shared):
+    """Forks (n > 1), beams and penalties need each token on the host before the next step: the engine stops
+    overlapping while such a request runs, then resumes; outputs are those of the sync engine."""
+    p = shared['prompts']
+    reqs = [(p[0], SamplingParams(temperature=0, max_tokens=30)), (p[1], SamplingParams(temperature=0, max_tokens=30)),
+            (p[2], SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=6)),
+            (p[3], SamplingParams(temperature=0, presence_penalty=0.5, repetition_penalty=1.2, max_tokens=8)),
+            (p[4], SamplingParams(use_beam_search=True, best_of=2, temperature=0, max_tokens=4))]
+    sync, _ = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=False), reqs)
+    eng = LLMEngine(num_gpu_blocks=64, async_scheduling=True)
+    ids = [eng.add_request(q, sp) for q, sp in reqs]
+    done, seen = {}, []
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+        seen.append((bool(eng.sync_only), eng.inflight is not None))
+    assert (True, True) not in seen, 'never a step in flight while a request needs every token'
+    assert (False, True) in seen, 'overlapping again once they finished'
+    assert [summary(done[i]) for i in ids] == [summary(o) for o in sync]
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
+
+
+def test_async_abort_while_a_step_is_in_flight(shared):
+    p, params = shared['prompts'], SamplingParams(temperature=0, max_tokens=20)
+    alone = [run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=True), [(q, params)])[0][0].outputs[0].token_ids for q in p[:3]]
+    eng = LLMEngine(num_gpu_blocks=64, async_scheduling=True)
+    ids = [eng.add_request(q, params) for q in p[:3]]
+    done = {}
+    while eng.inflight is None or not any(s.num_pending_tokens for g in eng.scheduler.running for s in g.seqs): eng.step()
+    assert eng.abort(ids[1]) and eng.inflight is not None  # its token is still on the device
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+    assert ids[1] not in done and [done[ids[0]].outputs[0].token_ids, done[ids[2]].outputs[0].token_ids] == [alone[0], alone[2]]
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks and not eng.sync_only
