@@ -66,6 +66,8 @@ def add_engine_args(p: argparse.ArgumentParser):
     p.add_argument('--seed', type=int, default=0, help='seed for requests without their own')
     p.add_argument('--enforce-eager', action='store_true', help='on a GPU, run decode steps eagerly (no CUDA graphs)')
     p.add_argument('--tensor-parallel-size', '-tp', type=int, default=1, help='split the model over this many processes (GPUs): one engine, workers started by it')
+    p.add_argument('--async-scheduling', action=argparse.BooleanOptionalAction, default=None,
+                   help='schedule and launch the next step while the GPU runs this one (default: on a GPU without tensor parallelism)')
 
 def engine_config(args):
     "EngineConfig from parsed flags."
@@ -76,7 +78,8 @@ def engine_config(args):
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
                         enable_chunked_prefill=args.enable_chunked_prefill, preemption_mode=args.preemption_mode, seed=args.seed,
-                        enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)
+                        enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+                        async_scheduling=args.async_scheduling)
 
 def _read_chat_template(value):
     "A chat template given as a file path or inline Jinja text."
