@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from .default_model import cache_root, prepare_default_model
 from .engine import EngineConfig, LLMEngine
-from .sampling_params import SamplingParams
+from .sampling_params import RequestOutputKind, SamplingParams
 from .why_paging import alpaca_like, sharegpt_like, uniform_workload
 
 # %% ../nbs/17_benchmarks.ipynb #0c3baf51
@@ -212,8 +212,8 @@ def _rates(dt: float, workload: BenchWorkload, n_out: int) -> dict:
 
 # %% ../nbs/17_benchmarks.ipynb #55ae189f
 def bench_params(r: BenchRequest) -> SamplingParams:
-    "Greedy, exactly `output_len` tokens (ignore_eos)."
-    return SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+    "Greedy, exactly `output_len` tokens (ignore_eos); the output built once, at the end (as `LLM.generate` does)."
+    return SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
 
 def warm_up(engine: LLMEngine, prompt_len: int = 32, output_len: int = 4):
     "One small request through the engine, so that one-time costs stay out of the timings."

@@ -21,7 +21,7 @@ from .detokenizer import IncrementalDetokenizer
 from .model import ModelConfig
 from .model_runner import ModelRunner, graph_batch_sizes, load_model
 from .sampler import Sampler, seeded_generator
-from .sampling_params import SamplingParams, SamplingParamsError
+from .sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
@@ -269,7 +269,7 @@ def step(self: LLMEngine) -> list:
     out = self.scheduler.schedule()
     if out.is_empty:
         if prev is not None: outputs += self._finish(prev)
-        return outputs + [self._output(self.groups[r]) for r in out.preempted if r in self.groups]
+        return outputs + [self._output(g) for r in out.preempted if (g := self.groups.get(r)) and _wants_output(g)]
     r = self.runner
     r.swap_out(out.blocks_to_swap_out); r.swap_in(out.blocks_to_swap_in); r.copy_blocks(out.blocks_to_copy)
     try: launched = self._launch(out, prev)
@@ -357,10 +357,13 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     done += [x for g in changed - set(done) if g.is_finished and (x := self.scheduler.abort(g.request_id))]  # finished while preempted
     for g in done:
         g.finished_time = now; changed.add(g)
-    outputs = [self._output(g) for g in changed]
+    outputs = [self._output(g) for g in changed if _wants_output(g)]
     for g in changed:
         if g.is_finished: self._forget(g)
     return outputs
+
+def _wants_output(g: SequenceGroup) -> bool:
+    return g.params.output_kind is not RequestOutputKind.FINAL_ONLY or g.is_finished
 
 def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
     "A new sequence sharing all of `s`'s blocks (copy-on-write), added to its request."
@@ -496,6 +499,7 @@ class LLM:
         if isinstance(prompts, (str, dict)): prompts = [prompts]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts): raise ValueError(f'{len(prompts)} prompts but {len(params)} SamplingParams')
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]  # only final outputs are read
         ids = []
         try:
             for p, sp in zip(prompts, params):

@@ -290,3 +290,19 @@ def test_async_abort_while_a_step_is_in_flight(shared):
             if o.finished: done[o.request_id] = o
     assert ids[1] not in done and [done[ids[0]].outputs[0].token_ids, done[ids[2]].outputs[0].token_ids] == [alone[0], alone[2]]
     assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks and not eng.sync_only
+
+
+@ASYNC
+def test_final_only_outputs_come_once(shared, async_scheduling):
+    """RequestOutputKind.FINAL_ONLY (what LLM.generate asks for): no output until the request finishes, then the
+    same one as a CUMULATIVE request's last."""
+    from paged_infer.sampling_params import RequestOutputKind
+    eng = LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling)
+    p = shared['prompts']
+    eng.add_request(p[0], SamplingParams(temperature=0, max_tokens=12), 'cumulative')
+    eng.add_request(p[0], SamplingParams(temperature=0, max_tokens=12, output_kind=RequestOutputKind.FINAL_ONLY), 'final')
+    seen = {'cumulative': [], 'final': []}
+    while eng.has_unfinished_requests():
+        for o in eng.step(): seen[o.request_id].append(o)
+    assert len(seen['cumulative']) >= 12 and len(seen['final']) == 1 and seen['final'][0].finished
+    assert seen['final'][0].outputs[0].token_ids == seen['cumulative'][-1].outputs[0].token_ids
