@@ -290,7 +290,7 @@ def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
         if s.num_computed_tokens < s.num_prompt_tokens: self.num_prompt_tokens += min(n, s.num_prompt_tokens - s.num_computed_tokens)
         s.num_computed_tokens += n
     for s in (future.rows if future is not None else ()): s.num_pending_tokens += 1
-    self._cache_blocks(out.seqs)
+    self._cache_blocks([s for s, n in zip(out.seqs, out.num_new_tokens) if n > 1])  # prompt chunks; decodes fill blocks at _finish
     return InFlight(out, sampled, future)
 
 def _finish(self: LLMEngine, f: InFlight) -> list:
@@ -341,6 +341,7 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     rows = {}  # 2. sequence -> its rows in the sampler output
     for i, s in enumerate(sampled): rows.setdefault(s, []).append(i)
+    toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
     now = time.monotonic()
     for s, idx in rows.items():
         if s.is_finished: continue  # it finished (or was aborted) while this step ran: the token is dropped
@@ -350,7 +351,7 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
         if g.first_token_time is None: g.first_token_time = now
         if s.params.use_beam_search: _propose(s, samples, idx[0]); continue
         targets = [s] + [self._fork(g, s) for _ in idx[1:]]  # fork first: each fork takes one of the samples
-        for t, i in zip(targets, idx): self._append(t, samples, i)
+        for t, i in zip(targets, idx): self._append(t, samples, i, toks[i], lps[i])
     for g in {self.groups[s.request_id] for s in rows if s.params.use_beam_search and not s.is_finished}: self._beam_step(g)
     self._cache_blocks(out.seqs)  # 1. (again: the tokens just known may fill blocks)
     done = self.scheduler.free_finished()  # 4.

@@ -38,9 +38,13 @@ class SequenceGroup:
     def prompt_token_ids(self) -> list: return self.seqs[0].prompt_token_ids
     def get_seqs(self, status: SequenceStatus | None = None) -> list:
         "The group's sequences, or those with `status`."
-        return self.seqs if status is None else [s for s in self.seqs if s.status is status]
+        if status is None: return self.seqs
+        if len(self.seqs) == 1: return self.seqs if self.seqs[0].status is status else []  # most requests: no list to build
+        return [s for s in self.seqs if s.status is status]
     @property
-    def is_finished(self) -> bool: return all(s.is_finished for s in self.seqs)
+    def is_finished(self) -> bool:
+        if len(self.seqs) == 1: return self.seqs[0].status is SequenceStatus.FINISHED
+        return all(s.is_finished for s in self.seqs)
 
     def set_status(self, status: SequenceStatus):
         for s in self.seqs:
