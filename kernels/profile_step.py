@@ -12,9 +12,12 @@ the wait for the sampled tokens (`wait`: where the host idles while the GPU work
 (bookkeeping, detokenization, outputs). Sampling is greedy, as in the throughput benchmark. Separately, the graph
 of the batch is replayed back to back with CUDA events around it: the GPU's own time for the model, against the
 memory-bandwidth floor (weight bytes + KV bytes read, over the copy bandwidth measured in the same run). The host's
-share of a step is 1 - GPU time / step time: the part of the step the GPU is not working on the model.
+share of a step is 1 - GPU time / step time: the part of the step the GPU is not working on the model. Requests
+ask for their output only when finished (RequestOutputKind.FINAL_ONLY), as in the throughput benchmark. With
+--trace, the torch profiler's top kernels of 5 graph replays and of 5 eager forwards of the same batch are written
+to kernels_<shape>.txt in that folder.
 """
-import argparse, json, statistics, time
+import argparse, gc, json, statistics, time
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import torch
 from paged_infer import model_runner as mr
 from paged_infer.benchmark import make_random_model
 from paged_infer.engine import LLMEngine
-from paged_infer.sampling_params import SamplingParams
+from paged_infer.sampling_params import RequestOutputKind, SamplingParams
 
 
 def copy_bandwidth() -> float:
@@ -52,6 +55,7 @@ def main():
     ap.add_argument('--context', type=int, default=512)
     ap.add_argument('--steps', type=int, default=40)
     ap.add_argument('--modes', default='sync,async')
+    ap.add_argument('--trace', default=None, help='a folder: write the top kernels (torch profiler) there')
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
     bw = copy_bandwidth()
@@ -64,7 +68,8 @@ def main():
         g = torch.Generator().manual_seed(0)
         for i in range(a.batch):
             eng.add_request(torch.randint(0, cfg.vocab_size, (a.context,), generator=g).tolist(),
-                            SamplingParams(temperature=0, max_tokens=4096 - a.context - 8, ignore_eos=True))
+                            SamplingParams(temperature=0, max_tokens=4096 - a.context - 8, ignore_eos=True,
+                                           output_kind=RequestOutputKind.FINAL_ONLY))  # as the throughput benchmark
         while eng.scheduler.waiting or any(s.num_tokens == s.num_prompt_tokens for gr in eng.scheduler.running for s in gr.seqs): eng.step()
         for mode in a.modes.split(','):
             eng.config.async_scheduling = mode == 'async'
@@ -94,6 +99,19 @@ def main():
             for _ in range(20): r.model.compute_logits(h)
             e.record(); torch.cuda.synchronize()
         logits_ms = s.elapsed_time(e) / 20
+        if a.trace:  # which kernels make the GPU time: the graph replayed, and one eager forward of the same batch
+            from torch.profiler import ProfilerActivity, profile
+            live, bm = [q for grp in eng.scheduler.running for q in grp.seqs if not q.is_finished], eng.block_manager
+            for q in live:  # a slot for each one's next token, as the next schedule would give (the engine is done after this)
+                if k := q.num_tokens - bm.tables[q.seq_id].num_tokens: bm.append_slots(q.seq_id, k)
+            host, _ = r.host_batch(live, [1] * len(live), [eng.block_manager.tables[q.seq_id].blocks for q in live])
+            for what, fn in (('graph replay', gr.replay), ('eager forward + logits', lambda: r.run_batch(host))):
+                fn(); torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5): fn()
+                    torch.cuda.synchronize()
+                table = prof.key_averages().table(sort_by='self_cuda_time_total', row_limit=30, max_name_column_width=90)
+                Path(a.trace, f'kernels_{name}.txt').open('a').write(f'== {name}, batch {a.batch}, {what}, 5 runs ==\n{table}\n')
         ctx = a.context + a.steps * len(rows)  # about the context during the timed steps
         weight_bytes = sum(p.numel() * p.element_size() for n, p in r.model.named_parameters() if 'embed_tokens' not in n or cfg.tie_word_embeddings)
         kv_bytes = a.batch * ctx * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
@@ -107,7 +125,7 @@ def main():
                        gpu_over_floor=gpu_ms / floor_ms, step_over_floor=med(steps) / floor_ms, host_share=1 - gpu_ms / med(steps))
             print(json.dumps(row), flush=True)
             res['shapes'].append(row)
-        eng.shutdown(); del eng, r, saved, patches, gr, t; torch.cuda.empty_cache()
+        eng.shutdown(); del eng, r, saved, patches, gr, t; gc.collect(); torch.cuda.empty_cache()  # (patched methods made cycles)
     if a.out: Path(a.out).write_text(json.dumps(res, indent=1))
 
 
