@@ -354,3 +354,38 @@ def test_cli_serve_logs_pool_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None: proc.kill(); proc.wait()
     log.seek(0); text = log.read()
     assert 'KV pool: 64 blocks x 16 tokens = 1024 tokens' in text and 'engine stopped' in text, text
+
+
+def test_async_scheduling_server(offline):
+    """The server over an engine with async scheduling (the GPU default; here on the CPU): greedy answers as the
+    offline engine's, streamed answers as the whole ones, concurrent clients, and a client hanging up mid-stream while
+    the next step is already launched: the pool comes back all free."""
+    engine = AsyncLLMEngine.from_config(EngineConfig(**CFG, async_scheduling=True), max_wait_ms=5)
+    try:
+        with ServerThread(build_app(engine, NAME)) as url:
+            c = openai.OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=120)
+            r = c.chat.completions.create(model=NAME, messages=Q, temperature=0, max_tokens=16)
+            ref = offline.chat(Q, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0]
+            assert r.choices[0].message.content == ref.text and r.usage.completion_tokens == len(ref.token_ids)
+            streamed = ''.join(ch.choices[0].delta.content or '' for ch in c.chat.completions.create(
+                model=NAME, messages=Q, temperature=0, max_tokens=16, stream=True) if ch.choices)
+            assert streamed == ref.text
+            aclient = openai.AsyncOpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=120)
+
+            async def one(i):
+                r = await aclient.completions.create(model=NAME, prompt=f'Item {i}:', temperature=0, max_tokens=4 + i)
+                return r.choices[0].finish_reason
+
+            async def main(): return await asyncio.wait_for(asyncio.gather(*[one(i) for i in range(6)]), 90)
+            reasons = asyncio.run(main())
+            assert len(reasons) == 6 and all(x in ('stop', 'length') for x in reasons)
+            body = {'model': NAME, 'prompt': 'Write a long story.', 'max_tokens': 800, 'ignore_eos': True, 'stream': True}
+            with httpx.stream('POST', url + '/v1/completions', json=body, timeout=60) as resp:
+                seen = 0
+                for line in resp.iter_lines():
+                    if line.startswith('data: '): seen += 1
+                    if seen == 3: break
+            assert wait_pool_free(engine, timeout=5)
+            engine.engine.block_manager.check_invariants()
+    finally:
+        engine.shutdown()
