@@ -112,7 +112,7 @@ def main():
                     torch.cuda.synchronize()
                 table = prof.key_averages().table(sort_by='self_cuda_time_total', row_limit=30, max_name_column_width=90)
                 Path(a.trace, f'kernels_{name}.txt').open('a').write(f'== {name}, batch {a.batch}, {what}, 5 runs ==\n{table}\n')
-        ctx = a.context + a.steps * len(rows)  # about the context during the timed steps
+        ctx = a.context + (a.steps + 3) * sum(x[0] == name for x in rows)  # about the context during the timed steps (this shape's)
         weight_bytes = sum(p.numel() * p.element_size() for n, p in r.model.named_parameters() if 'embed_tokens' not in n or cfg.tie_word_embeddings)
         kv_bytes = a.batch * ctx * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
         floor_ms = (weight_bytes + kv_bytes) / bw * 1e3

@@ -76,14 +76,18 @@ def _loop(self: AsyncLLMEngine):
         _drain(self, block=not self.engine.has_unfinished_requests())
         if not self.engine.has_unfinished_requests(): continue
         try: outputs = self.engine.step()
-        except Exception as e:  # report to the requests in flight, drop them, keep serving
+        except Exception as e:  # deliver what the step made, report to the requests in flight, drop them, keep serving
+            _deliver(self, self.engine.undelivered); self.engine.undelivered = []
             for rid in list(self.engine.groups):
                 self._send(rid, e); self.engine.abort(rid)
             continue
-        for o in outputs:
-            if o.error is not None: self._send(o.request_id, o.error); continue  # only its own caller hears of it
-            self._send(o.request_id, o)
-            if o.finished: self._send(o.request_id, None)
+        _deliver(self, outputs)
+
+def _deliver(self: AsyncLLMEngine, outputs: list):
+    for o in outputs:
+        if o.error is not None: self._send(o.request_id, o.error); continue  # only its own caller hears of it
+        self._send(o.request_id, o)
+        if o.finished: self._send(o.request_id, None)
 
 AsyncLLMEngine._send, AsyncLLMEngine._loop = _send, _loop
 

@@ -51,7 +51,7 @@ class WindowDecoder:
         "Whatever is still held back (an unfinished character comes out as U+FFFD, as `decode` gives it)."
         return self.step([], final=True)
 
-# %% ../nbs/10_detokenizer.ipynb #d6998972
+# %% ../nbs/10_detokenizer.ipynb #346f3f70
 from tokenizers.decoders import DecodeStream
 
 class StreamDecoder:

@@ -177,6 +177,7 @@ class LLMEngine:
             self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
         self.inflight = None  # async scheduling: the step launched last, not postprocessed yet (an InFlight)
+        self.undelivered: list = []  # outputs made by a step that then raised: the next step returns them
         self.sync_only: set = set()  # ids of unfinished requests that need every token on the host before the next step
         self.detoks: dict = {}  # seq id -> IncrementalDetokenizer
         self.num_prompt_tokens = self.num_generation_tokens = 0
@@ -262,24 +263,36 @@ class InFlight:
     future: object = None
 
 def step(self: LLMEngine) -> list:
-    "Schedule, execute, postprocess; returns a RequestOutput for every request that changed."
-    outputs, prev, self.inflight = [], self.inflight, None
-    overlap = self.config.async_scheduling and not self.sync_only
-    if prev is not None and not overlap: outputs, prev = self._finish(prev), None  # the host needs every token first
-    out = self.scheduler.schedule()
-    if out.is_empty:
-        if prev is not None: outputs += self._finish(prev)
-        return outputs + [self._output(g) for r in out.preempted if (g := self.groups.get(r)) and _wants_output(g)]
-    r = self.runner
-    r.swap_out(out.blocks_to_swap_out); r.swap_in(out.blocks_to_swap_in); r.copy_blocks(out.blocks_to_copy)
-    try: launched = self._launch(out, prev)
-    except Exception as e:
-        if prev is not None: outputs += self._finish(prev)
-        return outputs + self._step_without_culprits(out, e)
-    if prev is not None: outputs += self._finish(prev)  # while `launched` runs on the device
-    if overlap and self.groups: self.inflight = launched
-    else: outputs += self._finish(launched)  # (with no request left, its rows are all dropped: nothing to wait for later)
-    return outputs
+    "Schedule, execute, postprocess; returns a RequestOutput for every request that changed (one each)."
+    outputs, self.undelivered = self.undelivered, []
+    prev, self.inflight = self.inflight, None
+    try:
+        overlap = self.config.async_scheduling and not self.sync_only
+        if prev is not None and not overlap: outputs += self._finish(prev); prev = None  # the host needs every token first
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            if prev is not None: outputs += self._finish(prev); prev = None
+            return _latest(outputs + [self._output(g) for r in out.preempted if (g := self.groups.get(r)) and _wants_output(g)])
+        r = self.runner
+        r.swap_out(out.blocks_to_swap_out); r.swap_in(out.blocks_to_swap_in); r.copy_blocks(out.blocks_to_copy)
+        try: launched = self._launch(out, prev)
+        except Exception as e:
+            if prev is not None: outputs += self._finish(prev); prev = None
+            return _latest(outputs + self._step_without_culprits(out, e))
+        if prev is not None: outputs += self._finish(prev); prev = None  # while `launched` runs on the device
+        if overlap and self.groups: self.inflight = launched
+        else: outputs += self._finish(launched)  # (with no request left, its rows are all dropped: nothing to wait for later)
+        return _latest(outputs)
+    except BaseException:  # nothing made so far is lost: a step in flight is finished, outputs wait for the next call
+        if prev is not None:
+            try: outputs += self._finish(prev)
+            except Exception: pass  # the device itself failed: the error being raised says so
+        self.undelivered = outputs
+        raise
+
+def _latest(outputs: list) -> list:
+    "One output per request: its latest."
+    return list({o.request_id: o for o in outputs}.values())
 
 def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
@@ -317,7 +330,9 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
     "After a failed `execute`: fail the requests that fail alone, run the step again for the rest."
     states = _random_states(self, out.seqs)
     by_request = {}
-    for row in zip(out.seqs, out.num_new_tokens, out.block_tables): by_request.setdefault(row[0].request_id, []).append(row)
+    for row in zip(out.seqs, out.num_new_tokens, out.block_tables):
+        if row[0].is_finished or row[0].request_id not in self.groups: continue  # it ended in the step before (async)
+        by_request.setdefault(row[0].request_id, []).append(row)
     failed = {}
     for rid, rows in by_request.items():
         try: self.runner.execute(*map(list, zip(*rows)))
@@ -326,7 +341,7 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
     for x, state in states: x.set_state(state)
     outputs = []
     for rid, e in failed.items():
-        g = self.scheduler.abort(rid)
+        if (g := self.scheduler.abort(rid)) is None: continue
         g.finished_time = time.monotonic()
         o = self._output(g); o.error = e
         outputs.append(o); self._forget(g)

@@ -168,7 +168,7 @@ ModelRunner.launch, ModelRunner.execute = launch, execute
 # %% ../nbs/11_model_runner.ipynb #aebd9a0a
 def _pairs(pairs, device):
     src, dst = zip(*pairs)
-    return torch.tensor(src, device=device), torch.tensor(dst, device=device)
+    return host_to_device(torch.tensor(src), device), host_to_device(torch.tensor(dst), device)
 
 def copy_blocks(self: ModelRunner, pairs: list):
     "Carry out copy-on-write orders `(src, dst)` inside the KV pool."
@@ -192,7 +192,7 @@ def swap_in(self: ModelRunner, pairs: list):
     if not pairs: return
     if self.peers is not None: self.peers.send('swap_in', pairs)
     src, dst = _pairs(pairs, 'cpu')
-    self.kv_cache[:, :, dst.to(self.device)] = self.cpu_cache[:, :, src].to(self.device, non_blocking=True)
+    self.kv_cache[:, :, host_to_device(dst, self.device)] = self.cpu_cache[:, :, src].to(self.device, non_blocking=True)
 
 ModelRunner.copy_blocks, ModelRunner.swap_out, ModelRunner.swap_in = copy_blocks, swap_out, swap_in
 

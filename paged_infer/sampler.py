@@ -156,7 +156,8 @@ def exponential_race(probs: torch.Tensor, generators: list, generator: torch.Gen
     q = torch.empty_like(probs)  # (B, V)
     shared = [i for i, g in enumerate(generators) if g is None]
     if len(shared) == len(generators): q.exponential_(generator=generator)
-    elif shared: q[shared] = torch.empty(len(shared), probs.shape[1], dtype=q.dtype, device=q.device).exponential_(generator=generator)
+    elif shared:  # the row index goes to the device without waiting for it (chapter 6)
+        q[host_to_device(torch.tensor(shared), q.device)] = torch.empty(len(shared), probs.shape[1], dtype=q.dtype, device=q.device).exponential_(generator=generator)
     for i, g in enumerate(generators):
         if g is not None: q[i].exponential_(generator=g)
     return probs.div(q.clamp_min(torch.finfo(q.dtype).tiny)).argmax(-1)  # (B,); q > 0 keeps p = 0 from ever winning

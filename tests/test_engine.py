@@ -306,3 +306,43 @@ def test_final_only_outputs_come_once(shared, async_scheduling):
         for o in eng.step(): seen[o.request_id].append(o)
     assert len(seen['cumulative']) >= 12 and len(seen['final']) == 1 and seen['final'][0].finished
     assert seen['final'][0].outputs[0].token_ids == seen['cumulative'][-1].outputs[0].token_ids
+
+
+def test_async_step_that_raises_with_a_step_in_flight_loses_nothing(shared):
+    """A batch that fails as a whole (each request alone is fine: no culprit, so the error goes up) while the step
+    before is in flight: that step is still finished, the request it completes gets its final output (from the next
+    call), the others carry on exactly as alone, and the pool comes back all free."""
+    p, eng = shared['prompts'], LLMEngine(num_gpu_blocks=64, async_scheduling=True)
+    solo = [run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=True), [(p[i], SamplingParams(temperature=0, max_tokens=n))])[0][0].outputs[0].token_ids
+            for i, n in ((0, 3), (1, 10), (2, 10))]
+    ids = [eng.add_request(p[i], SamplingParams(temperature=0, max_tokens=n)) for i, n in ((0, 3), (1, 10), (2, 10))]
+    orig, armed = eng.runner.launch, []
+
+    def launch(seqs, n, tables, prev=None):
+        if armed and len(seqs) > 1: armed.clear(); raise RuntimeError('the whole batch fails (out of memory, say)')
+        return orig(seqs, n, tables, prev)
+    eng.runner.launch = launch
+    short = eng.groups[ids[0]].seqs[0]
+    done, raised = {}, 0
+    while eng.has_unfinished_requests() or eng.undelivered:
+        if short.num_output_tokens == 2 and short.num_pending_tokens == 1 and not raised: armed.append(True)  # its last token is in flight
+        try: outs = eng.step()
+        except RuntimeError: raised += 1; continue
+        for o in outs:
+            if o.finished: done[o.request_id] = o
+    assert raised == 1 and set(done) == set(ids)
+    assert [done[i].outputs[0].token_ids for i in ids] == solo and len(solo[0]) == 3
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks and eng.inflight is None
+
+
+@pytest.mark.parametrize('async_scheduling', [False, True], ids=['sync', 'async'])
+def test_min_tokens_boundary_with_a_pending_token(shared, async_scheduling):
+    """A stop token that greedy decoding picks exactly at index min_tokens: allowed there, so the request stops with
+    min_tokens + 1 tokens. With async scheduling the step that samples it still has the token before on the device;
+    counting only the host's tokens would forbid the stop token one step too long."""
+    p = shared['prompts'][1]
+    free = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=False), [(p, SamplingParams(temperature=0, max_tokens=12))])[0][0].outputs[0].token_ids
+    m = next(i for i in range(3, 12) if free[i] not in free[:i])
+    params = SamplingParams(temperature=0, min_tokens=m, stop_token_ids=[free[m]], max_tokens=20)
+    out = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling), [(p, params)])[0][0].outputs[0]
+    assert out.finish_reason == 'stop' and out.stop_reason == free[m] and out.token_ids == free[:m + 1]

@@ -380,12 +380,14 @@ def test_async_scheduling_server(offline):
             reasons = asyncio.run(main())
             assert len(reasons) == 6 and all(x in ('stop', 'length') for x in reasons)
             body = {'model': NAME, 'prompt': 'Write a long story.', 'max_tokens': 800, 'ignore_eos': True, 'stream': True}
+            before = engine.engine.num_generation_tokens
             with httpx.stream('POST', url + '/v1/completions', json=body, timeout=60) as resp:
                 seen = 0
                 for line in resp.iter_lines():
                     if line.startswith('data: '): seen += 1
                     if seen == 3: break
             assert wait_pool_free(engine, timeout=5)
+            assert engine.engine.num_generation_tokens - before < 800, 'aborted, not run to its end'
             engine.engine.block_manager.check_invariants()
     finally:
         engine.shutdown()
