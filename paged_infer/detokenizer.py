@@ -56,8 +56,9 @@ from tokenizers.decoders import DecodeStream
 
 class StreamDecoder:
     "WindowDecoder's algorithm in Rust (`tokenizers`' DecodeStream): one call per token; the flush decodes what it holds."
-    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True, max_context: int = 5):
-        w = WindowDecoder(tokenizer, prompt_ids, skip_special_tokens, max_context)  # where the context starts
+    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True, max_context: int = 5,
+                 window: WindowDecoder | None = None):
+        w = window or WindowDecoder(tokenizer, prompt_ids, skip_special_tokens, max_context)  # where the context starts
         self.rust, self.skip = tokenizer._tokenizer, skip_special_tokens
         self.stream = DecodeStream(ids=w.ids, skip_special_tokens=skip_special_tokens)
         self.sent = w.ids  # the ids of the last text sent: whole characters, the flush's context
@@ -80,7 +81,9 @@ class StreamDecoder:
 def decoder_for(tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
     "A StreamDecoder where the tokenizer's Rust decoder gives what `decode` gives, else a WindowDecoder."
     w = WindowDecoder(tokenizer, prompt_ids, skip_special_tokens)
-    return StreamDecoder(tokenizer, prompt_ids, skip_special_tokens) if w.fast is not None else w
+    if w.fast is None: return w
+    try: return StreamDecoder(tokenizer, prompt_ids, skip_special_tokens, window=w)
+    except TypeError: return w  # a `tokenizers` too old for DecodeStream(ids=...): the window, in Python
 
 # %% ../nbs/10_detokenizer.ipynb #ff6092ca
 def find_stop(text: str, stop: Sequence[str]) -> tuple[int, int, str] | None:
