@@ -396,11 +396,9 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
 # %% ../nbs/13_engine.ipynb #ddf0040a
-def _append(self: LLMEngine, s: Sequence, samples, i: int, token: int | None = None, logprob: float | None = None):
-    "Append row `i`'s token (or the given one) to `s`, then apply the stop conditions."
+def _append(self: LLMEngine, s: Sequence, samples, i: int, tok: int, lp: float):
+    "Append row `i`'s token `tok` (log-probability `lp`; the top ones from `samples`) to `s`, then apply the stop conditions."
     p = s.params
-    tok = int(samples.token_ids[i]) if token is None else token
-    lp = float(samples.logprobs[i]) if logprob is None else logprob
     top = None
     if p.logprobs is not None:
         top = {tok: lp}
