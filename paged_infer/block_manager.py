@@ -192,6 +192,9 @@ def _needs_cow(self: BlockManager, t: BlockTable) -> bool:
 
 def append_slots(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> list[tuple[int, int]]:
     "Room for `num_new_tokens` more tokens; returns copy-on-write orders `(src, dst)` to run before the next write."
+    t = self.tables.get(seq_id)
+    if t is not None and 0 < num_new_tokens <= -t.num_tokens % self.block_size and self.gpu.blocks[t.blocks[-1]].ref_count == 1:
+        t.num_tokens += num_new_tokens; return []  # the common decode step: room in its own last block, nothing to take or copy
     if not can_append(self, seq_id, num_new_tokens): raise NoFreeBlocksError(f'sequence {seq_id} cannot grow: pool full')
     t, copies = self._table(seq_id), []
     if num_new_tokens and _needs_cow(self, t):

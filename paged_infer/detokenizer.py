@@ -116,31 +116,43 @@ class SequenceFinishedError(DetokenizerError):
 class IncrementalDetokenizer:
     "Text deltas to stream for one sequence: whole characters, stop strings caught and held back, O(new tokens) per step."
     def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: str | Sequence[str] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True):
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True, defer: bool = False):
         self.stop = [stop] if isinstance(stop, str) else list(stop)
         if not all(self.stop): raise EmptyStopStringError(f'stop strings must not be empty: {self.stop!r}')
         self.include_stop_str_in_output = include_stop_str_in_output
-        self.window = decoder_for(tokenizer, prompt_ids, skip_special_tokens)
+        # deferred: no stop string to catch and nobody reading before the end: collect ids, decode them in one call
+        self.deferred = defer and not self.stop
+        self.window = (WindowDecoder if self.deferred else decoder_for)(tokenizer, prompt_ids, skip_special_tokens)
         self.output_ids: list[int] = []  # every generated token given to `step`
-        self.text = ''  # all text sent so far
+        self.pending: list[int] = []  # deferred: ids given to `step`, not decoded yet
+        self._text = ''
         self.held = ''  # decoded text not sent yet: it may be the start of a stop string
         self.stop_str: str | None = None  # the stop string that finished the sequence
         self.finished = False
 
+    @property
+    def text(self) -> str:
+        "All text sent so far (a deferred detokenizer decodes its pending ids first, in one call)."
+        if self.pending: self._send(self.window.step(self.pending)); self.pending = []
+        return self._text
+
     def step(self, new_token_ids: int | Sequence[int]) -> tuple[str, str | None]:
-        "Take the newly generated token ids; return (text delta to send now, stop string hit or None)."
+        "Take the newly generated token ids; return (text delta to send now, stop string hit or None). Deferred: ('', None)."
         if self.finished: raise SequenceFinishedError('this sequence has finished; it takes no more tokens')
         new = [new_token_ids] if isinstance(new_token_ids, int) else list(new_token_ids)
         self.output_ids += new
+        if self.deferred: self.pending += new; return '', None
         return self._send(self.window.step(new)), self.stop_str
 
     def flush(self) -> str:
         "The sequence finished for another reason (length, end of sequence): send the held-back text."
-        return '' if self.finished else self._send(self.window.flush(), final=True)
+        if self.finished: return ''
+        new, self.pending = self.pending, []
+        return self._send(self.window.step(new, final=True) if self.deferred else self.window.flush(), final=True)
 
     def _send(self, new_text: str, final: bool = False) -> str:
         if not self.stop:  # nothing to search for, nothing held back
-            self.text += new_text; self.finished = final
+            self._text += new_text; self.finished = final
             return new_text
         unsent = self.held + new_text  # (longest stop - 1) chars at most + the new text: O(new) to search
         hit = find_stop(unsent, self.stop)
@@ -150,5 +162,5 @@ class IncrementalDetokenizer:
         else:
             keep = 0 if final else held_back_length(unsent, self.stop)
             out, self.held, self.finished = unsent[:len(unsent) - keep], unsent[len(unsent) - keep:], final
-        self.text += out
+        self._text += out
         return out

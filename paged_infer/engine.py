@@ -237,7 +237,8 @@ def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, r
 
 def _detokenizer(self: LLMEngine, seq: Sequence) -> IncrementalDetokenizer:
     p = seq.params
-    return IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, p.stop, p.include_stop_str_in_output, p.skip_special_tokens)
+    return IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, p.stop, p.include_stop_str_in_output, p.skip_special_tokens,
+                                  defer=p.output_kind is RequestOutputKind.FINAL_ONLY)  # text read at the end only (chapter 10)
 
 def abort(self: LLMEngine, request_id: str) -> bool:
     "Stop a request wherever it is and free its blocks; False if it is unknown or already finished."

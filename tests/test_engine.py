@@ -295,7 +295,7 @@ def test_async_abort_while_a_step_is_in_flight(shared):
 @ASYNC
 def test_final_only_outputs_come_once(shared, async_scheduling):
     """RequestOutputKind.FINAL_ONLY (what LLM.generate asks for): no output until the request finishes, then the
-    same one as a CUMULATIVE request's last."""
+    same one as a CUMULATIVE request's last, text included."""
     from paged_infer.sampling_params import RequestOutputKind
     eng = LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling)
     p = shared['prompts']
@@ -305,7 +305,10 @@ def test_final_only_outputs_come_once(shared, async_scheduling):
     while eng.has_unfinished_requests():
         for o in eng.step(): seen[o.request_id].append(o)
     assert len(seen['cumulative']) >= 12 and len(seen['final']) == 1 and seen['final'][0].finished
-    assert seen['final'][0].outputs[0].token_ids == seen['cumulative'][-1].outputs[0].token_ids
+    final, last = seen['final'][0].outputs[0], seen['cumulative'][-1].outputs[0]
+    assert (final.token_ids, final.finish_reason) == (last.token_ids, last.finish_reason) and final.token_ids
+    assert final.text == last.text and final.text  # decoded at the end in one call (deferred, chapter 10), token by token
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
 
 
 def test_async_step_that_raises_with_a_step_in_flight_loses_nothing(shared):
