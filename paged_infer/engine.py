@@ -316,7 +316,7 @@ def _cache_blocks(self: LLMEngine, seqs: list):
     bm = self.block_manager
     for s in seqs:
         known = s.num_prompt_tokens + s.num_output_tokens  # a pending token is not known yet
-        if s.seq_id in bm.tables and min(s.num_computed_tokens, known) // bm.block_size > len(bm.tables[s.seq_id].hashes):
+        if (t := bm.tables.get(s.seq_id)) is not None and min(s.num_computed_tokens, known) // bm.block_size > len(t.hashes):
             bm.cache_blocks(s.seq_id, s.token_ids(0, known), min(s.num_computed_tokens, known))
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
@@ -358,25 +358,27 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     rows = {}  # 2. sequence -> its rows in the sampler output
     for i, s in enumerate(sampled): rows.setdefault(s, []).append(i)
     toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
-    now = time.monotonic()
+    now, beams = time.monotonic(), set()
     for s, idx in rows.items():
         if s.is_finished: continue  # it finished (or was aborted) while this step ran: the token is dropped
         s.num_pending_tokens -= 1  # the host has it now
         g = self.groups[s.request_id]
         changed.add(g)
         if g.first_token_time is None: g.first_token_time = now
-        if s.params.use_beam_search: _propose(s, samples, idx[0]); continue
+        if s.params.use_beam_search: _propose(s, samples, idx[0]); beams.add(g); continue
+        if len(idx) == 1: i = idx[0]; self._append(s, samples, i, toks[i], lps[i]); continue  # (most rows)
         targets = [s] + [self._fork(g, s) for _ in idx[1:]]  # fork first: each fork takes one of the samples
         for t, i in zip(targets, idx): self._append(t, samples, i, toks[i], lps[i])
-    for g in {self.groups[s.request_id] for s in rows if s.params.use_beam_search and not s.is_finished}: self._beam_step(g)
+    for g in beams: self._beam_step(g)
     self._cache_blocks(out.seqs)  # 1. (again: the tokens just known may fill blocks)
     done = self.scheduler.free_finished()  # 4.
     done += [x for g in changed - set(done) if g.is_finished and (x := self.scheduler.abort(g.request_id))]  # finished while preempted
     for g in done:
         g.finished_time = now; changed.add(g)
-    outputs = [self._output(g) for g in changed if _wants_output(g)]
+    outputs = []
     for g in changed:
-        if g.is_finished: self._forget(g)
+        if g.is_finished: outputs.append(self._output(g)); self._forget(g)
+        elif g.params.output_kind is not RequestOutputKind.FINAL_ONLY: outputs.append(self._output(g))
     return outputs
 
 def _wants_output(g: SequenceGroup) -> bool:
@@ -406,12 +408,12 @@ def _append(self: LLMEngine, s: Sequence, samples, i: int, tok: int, lp: float):
         for t, l in zip(samples.top_ids[i, :p.logprobs].tolist(), samples.top_logprobs[i, :p.logprobs].tolist()): top.setdefault(t, l)
     s.append_token(tok, lp, top)
     self.num_generation_tokens += 1
-    d = self.detoks[s.seq_id]
-    if s.num_output_tokens >= p.min_tokens and ((tok == self.runner.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids):
+    d, m = self.detoks[s.seq_id], len(s.output_token_ids)
+    if m >= p.min_tokens and ((tok == self.runner.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids):
         d.flush(); s.finish(FinishReason.STOP, tok); return
     _, stop = d.step([tok])
     if stop is not None: s.finish(FinishReason.STOP, stop)
-    elif s.num_output_tokens >= p.max_tokens or s.num_prompt_tokens + s.num_output_tokens >= self.max_model_len:
+    elif m >= p.max_tokens or len(s.prompt_token_ids) + m >= self.max_model_len:
         d.flush(); s.finish(FinishReason.LENGTH)
 
 LLMEngine._append = _append

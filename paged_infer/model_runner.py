@@ -85,20 +85,25 @@ class ModelRunner:
 
     def host_batch(self, seqs: list, num_new_tokens: list, block_tables: list, prev=None) -> tuple:
         "The flat batch as lists, and the sequences behind its sampled rows. A PENDING input is found in `prev` (a StepFuture)."
-        order = sorted(range(len(seqs)), key=lambda i: num_new_tokens[i] == 1)  # stable: several-token sequences first
+        # several-token sequences first (in their order), then the decodes; at batch 256 this loop is per-step host
+        # time that a small model's GPU step does not hide (chapter 13), hence the plain appends and the counts read once
+        order = [i for i, n in enumerate(num_new_tokens) if n != 1] + [i for i, n in enumerate(num_new_tokens) if n == 1]
         ids, pos, ctx, qlen, tables, rows, sampled, pending = [], [], [], [], [], [], [], []
         for i in order:
             s, n = seqs[i], num_new_tokens[i]
-            start = s.num_computed_tokens
-            if not 1 <= n <= s.num_uncomputed_tokens: raise ValueError(f'sequence {s.seq_id}: cannot run {n} of its {s.num_uncomputed_tokens} uncomputed tokens')
-            ids += s.token_ids(start, start + n); pos += range(start, start + n)
+            start, total = s.num_computed_tokens, s.num_tokens
+            if not 1 <= n <= total - start: raise ValueError(f'sequence {s.seq_id}: cannot run {n} of its {total - start} uncomputed tokens')
             if s.num_pending_tokens:  # its newest token is still on the device: the step before samples it
                 if n != 1 or prev is None or s not in prev.rows: raise ValueError(f'sequence {s.seq_id}: its input token is not on the device')
-                pending.append((len(ids) - 1, prev.rows[s]))
+                ids.append(PENDING); pending.append((len(ids) - 1, prev.rows[s]))
+            else: ids += s.token_ids(start, start + n)
+            if n == 1: pos.append(start)
+            else: pos += range(start, start + n)
             ctx.append(start); qlen.append(n); tables.append(block_tables[i])
-            if start + n == s.num_tokens:  # its last uncomputed token: sample (k times for a request's first samples)
-                k = num_samples(s)
-                rows += [len(ids) - 1] * k; sampled += [s] * k
+            if start + n == total:  # its last uncomputed token: sample (k times for a request's first samples)
+                k = num_samples(s) if total == s.num_prompt_tokens else 1
+                if k == 1: rows.append(len(ids) - 1); sampled.append(s)
+                else: rows += [len(ids) - 1] * k; sampled += [s] * k
         return HostBatch(ids, pos, ctx, qlen, tables, rows, pending), sampled
 
     def to_device(self, b: HostBatch, sampled: list | None = None, prev=None) -> StepInput:

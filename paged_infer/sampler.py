@@ -14,7 +14,7 @@ import inspect
 import torch
 
 from .attention import host_to_device
-from .sampling_params import SamplingParams
+from .sampling_params import SAMPLING_EPS, SamplingParams
 
 # %% ../nbs/09_sampler.ipynb #f3842dd7
 def token_counts(token_ids: list[list[int]], vocab_size: int, device='cpu') -> torch.Tensor:
@@ -74,37 +74,41 @@ def _build_batch(cls, params, prompt_ids, output_ids, vocab_size, eos_token_id, 
     if not len(prompt_ids) == len(output_ids) == B: raise ValueError('one prompt and one output list per row')
     if generators is not None and len(generators) != B: raise ValueError('one generator (or None) per row')
     eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    rand = [not p.greedy for p in params]  # rows that sample: filters apply to them only
+    # one pass over the rows (at batch 256 this runs every step, on the host): each row's eight knobs, and which
+    # stages some row needs; rows that sample get their filters, greedy rows neutral values
+    rows, bias, forbid, processors = [], [], [], []
+    n_rand = num_logprobs = 0
+    penalties = use_top_k_top_p = use_min_p = False
+    for i, (p, out) in enumerate(zip(params, output_ids)):
+        pen = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        if p.temperature >= SAMPLING_EPS:
+            rows.append((p.temperature, p.top_p, p.top_k, p.min_p, 0.0) + pen); n_rand += 1
+            use_top_k_top_p = use_top_k_top_p or bool(p.top_k) or p.top_p < 1
+            use_min_p = use_min_p or p.min_p > 0
+        else: rows.append((1.0, 1.0, 0, 0.0, 1.0) + pen)
+        penalties = penalties or pen != (0, 0, 1)
+        if p.logit_bias or p.stop_token_ids:
+            p.check_vocab(V)
+            bias += [((i, t), b) for t, b in (p.logit_bias or {}).items()]
+        if len(out) < p.min_tokens: forbid += [(i, t) for t in p.stop_token_ids + ([] if p.ignore_eos else eos_ids)]
+        if p.logprobs: num_logprobs = max(num_logprobs, p.logprobs)
+        if p.logits_processors: processors.append((i, p.logits_processors, prompt_ids[i], out))
     output_counts = seen_mask = logit_bias = min_tokens_mask = None
-    if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in params):
+    if penalties:
         output_counts = token_counts(output_ids, V, device)
         seen_mask = (token_counts(prompt_ids, V, device) > 0) | (output_counts > 0)
-    for p in params:
-        if p.logit_bias or p.stop_token_ids: p.check_vocab(V)
-    if any(p.logit_bias for p in params):
-        items = [((i, t), b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
-        logit_bias = _scatter([ij for ij, _ in items], B, V, [b for _, b in items], torch.float32, device)
-    forbid = [(i, t) for i, (p, out) in enumerate(zip(params, output_ids)) if len(out) < p.min_tokens
-              for t in p.stop_token_ids + ([] if p.ignore_eos else eos_ids)]
-    if forbid:
-        min_tokens_mask = _scatter(forbid, B, V, [True] * len(forbid), torch.bool, device)
-    cols = torch.tensor([[p.temperature if r else 1.0 for p, r in zip(params, rand)], [p.top_p if r else 1.0 for p, r in zip(params, rand)],
-                         [p.top_k if r else 0 for p, r in zip(params, rand)], [p.min_p if r else 0.0 for p, r in zip(params, rand)],
-                         [not r for r in rand], [p.presence_penalty for p in params], [p.frequency_penalty for p in params],
-                         [p.repetition_penalty for p in params]], dtype=torch.float32)
+    if bias: logit_bias = _scatter([ij for ij, _ in bias], B, V, [b for _, b in bias], torch.float32, device)
+    if forbid: min_tokens_mask = _scatter(forbid, B, V, [True] * len(forbid), torch.bool, device)
+    cols = torch.tensor(rows, dtype=torch.float32).reshape(B, 8).T.contiguous()  # (8, B)
     cols = host_to_device(cols, device)  # one copy to the device, not eight
-    temperature, top_p, top_k, min_p, greedy, presence, frequency, repetition = cols.reshape(8, B)
+    temperature, top_p, top_k, min_p, greedy, presence, frequency, repetition = cols
     return cls(
         temperature=temperature, top_p=top_p, top_k=top_k.long(), min_p=min_p, greedy=greedy.bool(),  # top_k < 2**24: exact in float32
         presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
         output_counts=output_counts, seen_mask=seen_mask, logit_bias=logit_bias, min_tokens_mask=min_tokens_mask,
         generators=list(generators) if generators is not None else [None] * B,
-        num_logprobs=max((p.logprobs or 0 for p in params), default=0),
-        all_greedy=not any(rand), any_greedy=not all(rand),
-        use_top_k_top_p=any(r and (p.top_k or p.top_p < 1) for p, r in zip(params, rand)),
-        use_min_p=any(r and p.min_p > 0 for p, r in zip(params, rand)),
-        processors=[(i, p.logits_processors, prompt, out) for i, (p, prompt, out) in enumerate(zip(params, prompt_ids, output_ids))
-                    if p.logits_processors])
+        num_logprobs=num_logprobs, all_greedy=n_rand == 0, any_greedy=n_rand < B,
+        use_top_k_top_p=use_top_k_top_p, use_min_p=use_min_p, processors=processors)
 
 # %% ../nbs/09_sampler.ipynb #70029bc6
 def apply_logits_processors(logits: torch.Tensor, processors: list) -> torch.Tensor:

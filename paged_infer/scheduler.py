@@ -124,7 +124,7 @@ def _can_grow(self: Scheduler, g: SequenceGroup) -> bool:
     for s in g.get_seqs(SequenceStatus.RUNNING):
         t, k = self.bm.tables[s.seq_id], _slots_missing(self, s)
         if k: need += t.blocks_needed(k) + (t.num_tokens % self.bm.block_size != 0 and self.bm.gpu.blocks[t.blocks[-1]].ref_count > 1)
-    return need <= self.bm.num_free_blocks
+    return need == 0 or need <= self.bm.num_free_blocks  # (most decode steps need no new block)
 
 def _grow(self: Scheduler, g: SequenceGroup, out: SchedulerOutput):
     for s in g.get_seqs(SequenceStatus.RUNNING):
@@ -155,10 +155,11 @@ def _run(self: Scheduler, g: SequenceGroup, out: SchedulerOutput, budget: int) -
     "Schedule what fits of `g`'s running sequences' uncomputed tokens; returns the tokens used."
     used = 0
     for s in g.get_seqs(SequenceStatus.RUNNING):
-        if s.num_uncomputed_tokens == 0: continue  # a beam waiting for the other beams of its request
-        n = min(s.num_uncomputed_tokens, budget - used)
+        u = s.num_uncomputed_tokens
+        if u == 0: continue  # a beam waiting for the other beams of its request
+        n = min(u, budget - used)
         if n <= 0: break
-        if n < s.num_uncomputed_tokens and not self.config.enable_chunked_prefill: break  # runs whole, in a later step
+        if n < u and not self.config.enable_chunked_prefill: break  # runs whole, in a later step
         out.seqs.append(s); out.num_new_tokens.append(n); out.block_tables.append(self.bm.tables[s.seq_id].blocks)
         used += n
     return used
@@ -221,12 +222,12 @@ Scheduler._num_running_seqs = _num_running_seqs
 # %% ../nbs/12_scheduler.ipynb #f0506c45
 def free_finished(self: Scheduler) -> list:
     "Free the blocks of finished sequences; drop finished requests from the running queue; returns those requests."
-    done = []
+    done, keep, bm = [], [], self.bm
     for g in self.running:
         for s in g.seqs:
-            if s.is_finished and (s.seq_id in self.bm.tables or s.seq_id in self.bm.cpu_tables): self.bm.free(s.seq_id)
-        if g.is_finished: done.append(g)
-    self.running = [g for g in self.running if not g.is_finished]
+            if s.is_finished and (s.seq_id in bm.tables or s.seq_id in bm.cpu_tables): bm.free(s.seq_id)
+        (done if g.is_finished else keep).append(g)
+    self.running = keep
     return done
 
 def abort(self: Scheduler, request_id: str) -> SequenceGroup | None:
