@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['BlockManagerError', 'NoFreeBlocksError', 'UnknownSequenceError', 'DuplicateSequenceError', 'DoubleFreeError',
            'hash_block', 'Block', 'BlockPool', 'BlockManager', 'can_allocate', 'allocate', 'cache_blocks', 'can_append',
-           'append_slots', 'fork', 'free', 'can_swap_out', 'can_swap_in', 'swap_out', 'swap_in', 'check_invariants']
+           'append_in_place', 'append_slots', 'fork', 'free', 'can_swap_out', 'can_swap_in', 'swap_out', 'swap_in',
+           'check_invariants']
 
 # %% ../nbs/03_block_manager.ipynb #e56e79e6
 import hashlib
@@ -190,11 +191,16 @@ def _needs_cow(self: BlockManager, t: BlockTable) -> bool:
     "The next token would be written into a partly filled block that other tables share."
     return t.num_tokens % self.block_size != 0 and self.gpu.blocks[t.blocks[-1]].ref_count > 1
 
+def append_in_place(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> bool:
+    "Claim the slots if they fit in the sequence's own last block (no block taken, none copied): True; else False, nothing changed."
+    t = self.tables.get(seq_id)
+    if t is None or not 0 < num_new_tokens <= -t.num_tokens % self.block_size or self.gpu.blocks[t.blocks[-1]].ref_count != 1: return False
+    t.num_tokens += num_new_tokens
+    return True
+
 def append_slots(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> list[tuple[int, int]]:
     "Room for `num_new_tokens` more tokens; returns copy-on-write orders `(src, dst)` to run before the next write."
-    t = self.tables.get(seq_id)
-    if t is not None and 0 < num_new_tokens <= -t.num_tokens % self.block_size and self.gpu.blocks[t.blocks[-1]].ref_count == 1:
-        t.num_tokens += num_new_tokens; return []  # the common decode step: room in its own last block, nothing to take or copy
+    if append_in_place(self, seq_id, num_new_tokens): return []  # the common decode step: nothing to take or copy
     if not can_append(self, seq_id, num_new_tokens): raise NoFreeBlocksError(f'sequence {seq_id} cannot grow: pool full')
     t, copies = self._table(seq_id), []
     if num_new_tokens and _needs_cow(self, t):
@@ -206,7 +212,7 @@ def append_slots(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> li
     t.num_tokens += num_new_tokens
     return copies
 
-BlockManager.can_append, BlockManager.append_slots = can_append, append_slots
+BlockManager.can_append, BlockManager.append_in_place, BlockManager.append_slots = can_append, append_in_place, append_slots
 
 # %% ../nbs/03_block_manager.ipynb #f3b42216
 def fork(self: BlockManager, parent_id: int, child_id: int):

@@ -168,9 +168,16 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     "Decide this step: grow or preempt running requests, swap some back in, admit new prompts, under the budget."
     out, budget, c = SchedulerOutput(), self.config.max_num_batched_tokens, self.config
     # 1. running, oldest first; the newest ones are preempted when memory runs out
-    queue, running = deque(self.running), []
+    queue, running, tables = deque(self.running), [], self.bm.tables
     while queue:
         g = queue.popleft()
+        if len(g.seqs) == 1 and budget > 0:  # most steps of most requests: one token to run, its slot in a block it owns
+            s = g.seqs[0]
+            if s.status is SequenceStatus.RUNNING and s.num_tokens == s.num_computed_tokens + 1 and (
+                    (k := s.num_tokens - tables[s.seq_id].num_tokens) == 0 or self.bm.append_in_place(s.seq_id, k)):
+                out.seqs.append(s); out.num_new_tokens.append(1); out.block_tables.append(tables[s.seq_id].blocks)
+                running.append(g); budget -= 1
+                continue  # what the general path below would do, in fewer steps
         while not self._can_grow(g):
             victim = queue.pop() if queue else g
             self._preempt(victim, out)
