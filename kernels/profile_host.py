@@ -24,17 +24,10 @@ from paged_infer import model_runner as mr
 from paged_infer.benchmark import make_random_model, machine_info
 from paged_infer.engine import LLMEngine
 from paged_infer.sampling_params import RequestOutputKind, SamplingParams
+from profile_step import timed  # (kernels/ is on the path when this script runs)
 
 TINY = dict(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             vocab_size=4096)
-
-
-def timed(table, key, fn):
-    def wrapper(*a, **k):
-        t0 = time.perf_counter()
-        try: return fn(*a, **k)
-        finally: table[key].append(time.perf_counter() - t0)
-    return wrapper
 
 
 def main():
