@@ -121,8 +121,10 @@ class IncrementalDetokenizer:
         if not all(self.stop): raise EmptyStopStringError(f'stop strings must not be empty: {self.stop!r}')
         self.include_stop_str_in_output = include_stop_str_in_output
         # deferred: no stop string to catch and nobody reading before the end: collect ids, decode them in one call
-        self.deferred = defer and not self.stop
-        self.window = (WindowDecoder if self.deferred else decoder_for)(tokenizer, prompt_ids, skip_special_tokens)
+        # (only where decoding is the Rust one, which gives the same text in any chunks; not with space clean-up)
+        w = WindowDecoder(tokenizer, prompt_ids, skip_special_tokens) if defer and not self.stop else None
+        self.deferred = w is not None and w.fast is not None
+        self.window = w if self.deferred else decoder_for(tokenizer, prompt_ids, skip_special_tokens)
         self.output_ids: list[int] = []  # every generated token given to `step`
         self.pending: list[int] = []  # deferred: ids given to `step`, not decoded yet
         self._text = ''
@@ -132,8 +134,9 @@ class IncrementalDetokenizer:
 
     @property
     def text(self) -> str:
-        "All text sent so far (a deferred detokenizer decodes its pending ids first, in one call)."
-        if self.pending: self._send(self.window.step(self.pending)); self.pending = []
+        "All text sent so far; deferred and read before the end (abort, error): pending ids decoded one by one, as token by token."
+        for t in self.pending: self._send(self.window.step([t]))
+        self.pending = []
         return self._text
 
     def step(self, new_token_ids: int | Sequence[int]) -> tuple[str, str | None]:

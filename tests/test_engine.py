@@ -311,6 +311,28 @@ def test_final_only_outputs_come_once(shared, async_scheduling):
     assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
 
 
+@ASYNC
+def test_final_only_text_of_a_request_that_fails_midway(shared, async_scheduling):
+    """A FINAL_ONLY request whose text is read before it ends (its logits processor fails at the 8th token; its text
+    is decoded at the end, chapter 10's deferred detokenizer) gets the text a CUMULATIVE twin's token-by-token decoding gave."""
+    from paged_infer.sampling_params import RequestOutputKind
+    def boom(out, logits):
+        if len(out) == 7: raise ZeroDivisionError('boom')
+        return logits
+    got = {}
+    for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY):
+        eng = LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling)
+        eng.add_request(shared['prompts'][0], SamplingParams(temperature=0, max_tokens=12, logits_processors=[boom], output_kind=kind), 'r')
+        last = None
+        while eng.has_unfinished_requests():
+            for o in eng.step(): last = o
+        assert last.finished and isinstance(last.error, ZeroDivisionError) and last.outputs[0].finish_reason == 'abort'
+        got[kind] = (last.outputs[0].text, last.outputs[0].token_ids)
+        assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
+    assert got[RequestOutputKind.FINAL_ONLY] == got[RequestOutputKind.CUMULATIVE] and len(got[RequestOutputKind.CUMULATIVE][1]) == 7
+    assert got[RequestOutputKind.CUMULATIVE][0]
+
+
 def test_async_step_that_raises_with_a_step_in_flight_loses_nothing(shared):
     """A batch that fails as a whole (each request alone is fine: no culprit, so the error goes up) while the step
     before is in flight: that step is still finished, the request it completes gets its final output (from the next
