@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['Int', 'Float', 'Bool', 'Str', 'METRIC_PREFIX', 'APIError', 'StreamOptions', 'TextPart', 'ChatMessage',
            'ChatCompletionRequest', 'CompletionRequest', 'UsageInfo', 'ChatMessageOut', 'ChatChoice',
-           'ChatCompletionResponse', 'CompletionChoice', 'CompletionResponse', 'ModelCard', 'ModelList', 'ErrorInfo',
+           'CompletionChoice', 'ChatCompletionResponse', 'CompletionResponse', 'ModelCard', 'ModelList', 'ErrorInfo',
            'ErrorResponse', 'sampling_params', 'chat_prompt', 'completion_prompts', 'chat_logprobs',
            'completion_logprobs', 'merge', 'EngineCollector', 'ServerMetrics', 'Guard', 'validation_error', 'collect',
            'build_app', 'ServerThread']
@@ -114,35 +114,33 @@ class ChatMessageOut(BaseModel):
     role: Literal['assistant'] = 'assistant'
     content: str
 
-class ChatChoice(BaseModel):
+class _Choice(BaseModel):
+    "What every choice of a (chat) completion has."
     index: int
+    logprobs: dict | None = None
+    finish_reason: str | None
+
+class ChatChoice(_Choice):
     message: ChatMessageOut
-    logprobs: dict | None = None
-    finish_reason: str | None
 
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal['chat.completion'] = 'chat.completion'
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
-
-class CompletionChoice(BaseModel):
-    index: int
+class CompletionChoice(_Choice):
     text: str
-    logprobs: dict | None = None
-    finish_reason: str | None
 
-class CompletionResponse(BaseModel):
+class _Response(BaseModel):
+    "What every (chat) completion response has."
     id: str
-    object: Literal['text_completion'] = 'text_completion'
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+
+class ChatCompletionResponse(_Response):
+    object: Literal['chat.completion'] = 'chat.completion'
+    choices: list[ChatChoice]
+
+class CompletionResponse(_Response):
+    object: Literal['text_completion'] = 'text_completion'
+    choices: list[CompletionChoice]
 
 class ModelCard(BaseModel):
     id: str
@@ -404,6 +402,14 @@ async def collect(outputs, request: Request | None, poll_s: float = 0.25) -> dic
     task.result()  # raises what the engine raised
     return finals
 
+def _chunker(rid: str, obj: str, created: int, model: str, include_usage: bool):
+    "The SSE event of one chunk of a streamed response: `chunk(choices, usage=None)`; usage only if the client asked for it."
+    def chunk(choices, usage=None):
+        d = {'id': rid, 'object': obj, 'created': created, 'model': model, 'choices': choices, 'system_fingerprint': None}
+        if include_usage: d['usage'] = usage
+        return _sse(d)
+    return chunk
+
 def _usage(prompts: list, finals: dict) -> dict:
     p = sum(len(x) for x in prompts)
     c = sum(len(o.token_ids) for out in finals.values() for o in out.outputs)
@@ -424,11 +430,7 @@ async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None =
         return {'id': rid, 'object': 'chat.completion', 'created': created, 'model': r.name, 'choices': choices,
                 'usage': _usage([prompt], {0: final}), 'system_fingerprint': None}
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    def chunk(choices, usage=None):
-        d = {'id': rid, 'object': 'chat.completion.chunk', 'created': created, 'model': r.name, 'choices': choices,
-             'system_fingerprint': None}
-        if include_usage: d['usage'] = usage
-        return _sse(d)
+    chunk = _chunker(rid, 'chat.completion.chunk', created, r.name, include_usage)
     async def stream():
         for i in range(params.n):
             yield chunk([{'index': i, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None, 'finish_reason': None}])
@@ -465,11 +467,7 @@ async def _completions(r: _Route, req: CompletionRequest, request: Request | Non
         return {'id': rid, 'object': 'text_completion', 'created': created, 'model': r.name, 'choices': choices,
                 'usage': _usage(prompts, finals), 'system_fingerprint': None}
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    def chunk(choices, usage=None):
-        d = {'id': rid, 'object': 'text_completion', 'created': created, 'model': r.name, 'choices': choices,
-             'system_fingerprint': None}
-        if include_usage: d['usage'] = usage
-        return _sse(d)
+    chunk = _chunker(rid, 'text_completion', created, r.name, include_usage)
     async def stream():
         sent_text, sent_toks, finals = {}, {}, {}
         try:
