@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 
-from .engine import EngineConfig, LLMEngine, RequestOutput
+from .engine import EngineConfig, EngineFatalError, LLMEngine, RequestOutput
 from .sampling_params import SamplingParams
 
 # %% ../nbs/14_async_engine.ipynb #4aee9a60
@@ -36,7 +36,7 @@ class AsyncLLMEngine:
         return cls(LLMEngine(config or EngineConfig(**kwargs)), max_wait_ms)
 
     @property
-    def is_running(self) -> bool: return self._thread.is_alive()
+    def is_running(self) -> bool: return self._thread.is_alive() and self.error is None
 
 # %% ../nbs/14_async_engine.ipynb #0fd14029
 def _drain(self: AsyncLLMEngine, block: bool):
@@ -77,9 +77,15 @@ def _loop(self: AsyncLLMEngine):
         if not self.engine.has_unfinished_requests(): continue
         try: outputs = self.engine.step()
         except Exception as e:  # deliver what the step made, report to the requests in flight, drop them, keep serving
+            if isinstance(e, EngineFatalError): self.error = e  # (before anyone hears of it: is_running is False by then)
             _deliver(self, self.engine.undelivered); self.engine.undelivered = []
             for rid in list(self.engine.groups):
                 self._send(rid, e); self.engine.abort(rid)
+            if self.error is not None:  # no step can run any more: health says so, and every request hears it
+                while not self._stop.is_set():
+                    _drain(self, block=True)
+                    for rid in list(self.engine.groups): self._send(rid, e); self.engine.abort(rid)
+                return
             continue
         _deliver(self, outputs)
 

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['EngineConfigError', 'EngineConfig', 'block_bytes', 'profile_num_gpu_blocks', 'CompletionOutput', 'RequestOutput',
-           'EngineStats', 'RequestError', 'LLMEngine', 'check_request', 'needs_every_token', 'add_request', 'abort',
-           'InFlight', 'step', 'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
+           'EngineStats', 'EngineFatalError', 'RequestError', 'LLMEngine', 'check_request', 'needs_every_token',
+           'add_request', 'abort', 'InFlight', 'step', 'has_unfinished_requests', 'stats', 'RequestFailedError', 'LLM']
 
 # %% ../nbs/13_engine.ipynb #c3e66bf9
 import dataclasses
@@ -140,6 +140,9 @@ class EngineStats:
     generation_tokens: int  # tokens sampled
 
 # %% ../nbs/13_engine.ipynb #5fad3914
+class EngineFatalError(RuntimeError):
+    "The engine itself can run no more steps (a tensor-parallel rank died, say): no request's fault, none is blamed."
+
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
     def __init__(self, message: str, param: str | None = None):
@@ -279,6 +282,8 @@ def step(self: LLMEngine) -> list:
         try: launched = self._launch(out, prev)
         except Exception as e:
             if prev is not None: outputs += self._finish(prev); prev = None
+            if isinstance(e, EngineFatalError): raise
+            if r.peers is not None: r.peers.check()  # a rank that died mid-step: the engine's failure, not a request's
             return _latest(outputs + self._step_without_culprits(out, e))
         if prev is not None: outputs += self._finish(prev); prev = None  # while `launched` runs on the device
         if overlap and self.groups: self.inflight = launched
@@ -337,6 +342,7 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
     failed = {}
     for rid, rows in by_request.items():
         try: self.runner.execute(*map(list, zip(*rows)))
+        except EngineFatalError: raise
         except Exception as e: failed[rid] = e
     if not failed: raise error  # no request fails alone: not one request's fault
     for x, state in states: x.set_state(state)

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['Shard', 'make_shard', 'shard_tensor', 'RowParallelLinear', 'VocabParallelEmbedding', 'ParallelLMHead', 'shard_model',
-           'load_model_shard', 'Peers', 'start_tensor_parallel']
+           'load_model_shard', 'TensorParallelError', 'Peers', 'start_tensor_parallel']
 
 # %% ../nbs/18_tensor_parallel.ipynb #db090585
 import dataclasses, os, re, socket, weakref
@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .block_table import cdiv
+from .engine import EngineFatalError
 from .model import LlamaForCausalLM, ModelConfig, UnsupportedModelError
 from .weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
 
@@ -128,18 +129,28 @@ def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', de
     return model.eval(), load_tokenizer(folder)
 
 # %% ../nbs/18_tensor_parallel.ipynb #32dee1ee
+class TensorParallelError(EngineFatalError):
+    "Another rank's process has exited: no step can run any more (restart the engine)."
+
 class Peers:
     "Rank 0's handle on the other ranks: broadcast an order, stop them."
     def __init__(self, procs: list, cpu_group):
         self.procs, self.cpu_group, self.alive = procs, cpu_group, True
 
+    def check(self):
+        "Raise TensorParallelError if another rank's process has exited (rank 0 would wait for it, or fail, in every collective)."
+        dead = [f'rank {i + 1} (exit code {p.exitcode})' for i, p in enumerate(self.procs) if not p.is_alive()]
+        if self.alive and dead: raise TensorParallelError(f'{", ".join(dead)} exited: the engine cannot run another step; restart it')
+
     def send(self, op: str, arg=None):
+        self.check()
         dist.broadcast_object_list([(op, arg)], src=0, group=self.cpu_group)
 
     def stop(self, timeout: float = 30.0):
         if not self.alive: return
-        self.alive = False
-        try: self.send('stop')
+        self.alive = False  # (check() is quiet from here on)
+        try:
+            if all(p.is_alive() for p in self.procs): self.send('stop')  # a dead rank would not hear it
         finally:
             for p in self.procs: p.join(timeout)
             for p in self.procs:
