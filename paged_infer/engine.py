@@ -382,9 +382,9 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     for g in done:
         g.finished_time = now; changed.add(g)
     outputs = []
-    for g in changed:
-        if g.is_finished: outputs.append(self._output(g)); self._forget(g)
-        elif g.params.output_kind is not RequestOutputKind.FINAL_ONLY: outputs.append(self._output(g))
+    for g in changed:  # one pass: its output (if wanted), then a finished request is forgotten
+        if _wants_output(g): outputs.append(self._output(g))
+        if g.is_finished: self._forget(g)
     return outputs
 
 def _wants_output(g: SequenceGroup) -> bool:
