@@ -54,7 +54,7 @@ def main():
         while eng.scheduler.waiting or any(s.num_output_tokens == 0 for gr in eng.scheduler.running for s in gr.seqs): eng.step()
         for _ in range(3): eng.step()  # settle
         t = defaultdict(list)
-        patches = [(eng.scheduler, 'schedule'), (r, 'host_batch'), (mr.SamplingBatch, 'from_params'), (r, 'to_device'),
+        patches = [(eng.scheduler, 'schedule'), (r, 'host_batch'), ((r, 'sampling_batch') if hasattr(r, 'sampling_batch') else (mr.SamplingBatch, 'from_params')), (r, 'to_device'),
                    (r.model, 'forward'), (r.model, 'compute_logits'), (r, 'sampler'), (eng, '_postprocess')]
         saved = [(o, k, getattr(o, k)) for o, k in patches]
         names = {'from_params': 'sampling_batch', 'forward': 'model_forward'}

@@ -76,7 +76,7 @@ def main():
             for _ in range(3): eng.step()  # settle into the mode
             t = defaultdict(list)
             patches = [(eng.scheduler, 'schedule'), (r, '_decode_with_graph'), (r.model, 'compute_logits'), (r, 'sampler'),
-                       (eng, '_postprocess'), (mr.SamplingBatch, 'from_params'), (mr.StepFuture, 'result')]
+                       (eng, '_postprocess'), ((r, 'sampling_batch') if hasattr(r, 'sampling_batch') else (mr.SamplingBatch, 'from_params')), (mr.StepFuture, 'result')]
             saved = [(o, k, getattr(o, k)) for o, k in patches]
             for o, k, f in saved: setattr(o, k, timed(t, {'from_params': 'sampling_batch', 'result': 'wait'}.get(k, k), f))
             steps = []

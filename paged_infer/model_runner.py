@@ -4,11 +4,12 @@
 
 # %% auto #0
 __all__ = ['load_model', 'use_triton', 'HostBatch', 'StepInput', 'num_samples', 'ModelRunner', 'StepFuture', 'launch', 'execute',
-           'copy_blocks', 'swap_out', 'swap_in', 'check_stop_tokens', 'generate_static', 'graph_batch_sizes',
-           'DecodeGraphs', 'capture_decode_graphs']
+           'sampling_batch', 'rows_kept', 'copy_blocks', 'swap_out', 'swap_in', 'check_stop_tokens', 'generate_static',
+           'graph_batch_sizes', 'DecodeGraphs', 'capture_decode_graphs']
 
 # %% ../nbs/11_model_runner.ipynb #8acb31c9
 from dataclasses import dataclass, field
+import operator
 
 import torch
 
@@ -72,11 +73,17 @@ class ModelRunner:
         self.device, self.dtype = p.device, p.dtype
         self.kv_cache = allocate_kv_cache(self.config, num_blocks, block_size, self.dtype, self.device)
         self.kv_layers = kv_cache_layers(self.kv_cache)
+        if self.device.type == 'cuda':  # Triton compiles each attention variant on first use: now, not in a step (chapter 15)
+            from paged_infer.kernels import compile_attention_kernels, paged_attention_triton
+            if model.attn_fn is paged_attention_triton and num_blocks:
+                k, v = self.kv_layers[0]
+                compile_attention_kernels(k, v, k.shape[2] * (self.config.num_heads // self.config.num_kv_heads))
         pin = self.device.type == 'cuda'  # pinned CPU memory makes swap copies asynchronous
         self.cpu_cache = allocate_kv_cache(self.config, num_cpu_blocks, block_size, self.dtype, 'cpu')
         if pin and num_cpu_blocks: self.cpu_cache = self.cpu_cache.pin_memory()
         self.eos_token_id, self.sampler = eos_token_id, sampler or Sampler()
         self.graphs = None  # DecodeGraphs once captured (GPU only; see the end of this chapter)
+        self.last_sampling = None  # (sampled sequences, SamplingBatch) of the last step, while it can serve the next
         self.peers = None  # tensor parallelism: the other ranks, told what to run (chapter 18)
 
     def prepare(self, seqs: list, num_new_tokens: list, block_tables: list) -> StepInput:
@@ -148,14 +155,7 @@ class StepFuture:
 def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: list, prev: StepFuture | None = None):
     "Start one step on the device without waiting for it: (the sequences that sample a token, a StepFuture of their tokens, row i = sequence i, or None)."
     host, sampled = self.host_batch(seqs, num_new_tokens, block_tables, prev)
-    batch = None
-    if sampled:  # built first: its copy to the GPU then waits for nothing (from pageable memory, it waits for the stream)
-        # a pending token counts towards min_tokens: show it (as PENDING) while the count matters
-        outs = [s.token_ids(s.num_prompt_tokens) if s.num_pending_tokens and s.num_output_tokens < s.params.min_tokens
-                else s.output_token_ids for s in sampled]
-        batch = SamplingBatch.from_params([s.params for s in sampled], [s.prompt_token_ids for s in sampled],
-                                          outs, self.config.vocab_size, self.eos_token_id,
-                                          [s.generator for s in sampled], self.device)
+    batch = self.sampling_batch(sampled) if sampled else None  # first: its copy to the GPU then waits for nothing
     if self.graphs is not None and self.graphs.fits(host.query_lens): logits = self._decode_with_graph(host, prev)
     else: logits = self.run_batch(host, sampled, prev)
     if not sampled: return [], None
@@ -168,7 +168,34 @@ def execute(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: l
     sampled, future = self.launch(seqs, num_new_tokens, block_tables)
     return sampled, (future.result() if future is not None else None)
 
-ModelRunner.launch, ModelRunner.execute = launch, execute
+def sampling_batch(self: ModelRunner, sampled: list) -> SamplingBatch:
+    "The step's SamplingBatch: the last step's rows (`select`, chapter 9) when these sequences are some of its rows, in order, and it did not depend on the outputs; else built."
+    last = self.last_sampling
+    if last is not None and (rows := rows_kept(last[0], sampled)) is not None:  # (a steady batch has no beams)
+        batch = last[1] if len(rows) == len(last[0]) else last[1].select(rows)  # the common decode step: the same batch
+        self.last_sampling = (sampled, batch)
+        return batch
+    # a pending token counts towards min_tokens: show it (as PENDING) while the count matters
+    outs = [s.token_ids(s.num_prompt_tokens) if s.num_pending_tokens and s.num_output_tokens < s.params.min_tokens
+            else s.output_token_ids for s in sampled]
+    batch = SamplingBatch.from_params([s.params for s in sampled], [s.prompt_token_ids for s in sampled], outs,
+                                      self.config.vocab_size, self.eos_token_id, [s.generator for s in sampled], self.device)
+    steady = batch.output_counts is None and batch.min_tokens_mask is None and not batch.processors and \
+        not any(s.params.use_beam_search for s in sampled)  # (beams change num_logprobs, below)
+    self.last_sampling = (sampled, batch) if steady else None
+    return batch
+
+def rows_kept(old: list, new: list) -> list | None:
+    "Where `new`'s items are in `old`, if `new` is `old` less some items (the same objects, in the same order); else None."
+    if len(new) == len(old): return list(range(len(old))) if all(map(operator.is_, old, new)) else None
+    rows, j = [], 0
+    for s in new:
+        while j < len(old) and old[j] is not s: j += 1
+        if j == len(old): return None
+        rows.append(j); j += 1
+    return rows
+
+ModelRunner.launch, ModelRunner.execute, ModelRunner.sampling_batch = launch, execute, sampling_batch
 
 # %% ../nbs/11_model_runner.ipynb #aebd9a0a
 def _pairs(pairs, device):
@@ -254,6 +281,9 @@ class DecodeGraphs:
         # pinned host copies: a step writes its values here (through numpy views), then one copy each
         self.host_tokens, self.host_lens, self.host_tables = (t.cpu().pin_memory() for t in (self.tokens, self.seq_lens, self.block_tables))
         self.copied = torch.cuda.Event()  # the last step's copies are done: the host buffers may be rewritten
+        # what each row of host_tables holds: the table (list) written there, its length and its last block; a row whose
+        # table is the same list, as long, with the same last block (copy-on-write replaces only that one) is not rewritten
+        self.row_table, self.row_len, self.row_last = [None] * B, [0] * B, [-1] * B
         self.graphs, self.outputs, pool = {}, {}, None
         for bs in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
             meta = AttentionMetadata(self.tokens[2, :bs], self.block_tables[:bs], self.seq_lens[:bs], qsl[:bs + 1],
@@ -283,8 +313,13 @@ class DecodeGraphs:
         toks[:2, n:bs], toks[2:, n:bs], lens[:n], lens[n:bs] = 0, -1, seq_lens, 0
         toks[3, :n] = -1
         for i, r in pending: toks[3, i] = r
-        width = max(len(t) for t in block_tables)
-        for i, t in enumerate(block_tables): tables[i, :len(t)] = t
+        width, row_table, row_len, row_last = 0, self.row_table, self.row_len, self.row_last
+        for i, t in enumerate(block_tables):  # most steps change a sixteenth of the rows (block size 16)
+            m = len(t)
+            if m > width: width = m
+            if row_table[i] is t and row_len[i] == m and row_last[i] == t[-1]: continue
+            tables[i, :m] = t
+            row_table[i], row_len[i], row_last[i] = t, m, t[-1]
         self.tokens[:, :bs].copy_(self.host_tokens[:, :bs], non_blocking=True)
         self.seq_lens[:bs].copy_(self.host_lens[:bs], non_blocking=True)
         self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)

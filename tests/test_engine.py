@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from paged_infer.default_model import prepare_default_model
 from paged_infer.engine import LLM, EngineConfig, LLMEngine, RequestError
+from paged_infer.model_runner import rows_kept
 from paged_infer.sampling_params import SamplingParams
 
 N_NEW = 24
@@ -371,3 +372,30 @@ def test_min_tokens_boundary_with_a_pending_token(shared, async_scheduling):
     params = SamplingParams(temperature=0, min_tokens=m, stop_token_ids=[free[m]], max_tokens=20)
     out = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling), [(p, params)])[0][0].outputs[0]
     assert out.finish_reason == 'stop' and out.stop_reason == free[m] and out.token_ids == free[:m + 1]
+
+
+@ASYNC
+def test_a_steady_sampling_batch_changes_nothing(shared, async_scheduling):
+    """The runner's last sampling batch, reused (rows dropped as requests finish), samples what a batch built anew would:
+    greedy, unseeded and seeded sampling, top-k/top-p/min-p, logit bias and logprobs, with a penalty request and a
+    min_tokens request making the batch depend on the outputs for a while."""
+    p = shared['prompts']
+    kinds = [SamplingParams(temperature=0, max_tokens=30), SamplingParams(temperature=1.5, top_k=1, max_tokens=26),
+             SamplingParams(temperature=0.9, seed=7, max_tokens=22, logprobs=2), SamplingParams(temperature=1.5, min_p=0.95, max_tokens=18),
+             SamplingParams(temperature=0, logit_bias={13: 5.0}, max_tokens=14), SamplingParams(temperature=1.1, top_p=0.8, seed=1, max_tokens=10),
+             SamplingParams(temperature=0.5, repetition_penalty=1.3, max_tokens=6), SamplingParams(temperature=0, min_tokens=4, max_tokens=8)]
+    reqs = [(p[i % len(p)], k) for i, k in enumerate(kinds)]
+    results, counts = [], []
+    for reuse in (True, False):
+        eng = LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling, seed=5)
+        r, built, n = eng.runner, eng.runner.sampling_batch, {'kept': 0, 'steps': 0}
+        def sampling_batch(sampled, r=r, built=built, n=n, reuse=reuse):
+            if not reuse: r.last_sampling = None  # always built anew
+            n['kept'] += r.last_sampling is not None and rows_kept(r.last_sampling[0], sampled) is not None
+            n['steps'] += 1
+            return built(sampled)
+        r.sampling_batch = sampling_batch
+        out, _ = run_all(eng, reqs)
+        results.append([summary(o) for o in out]); counts.append(n)
+    assert results[0] == results[1]
+    assert counts[0]['kept'] > counts[0]['steps'] // 2 and counts[1]['kept'] == 0, counts
