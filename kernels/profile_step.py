@@ -12,7 +12,8 @@ the wait for the sampled tokens (`wait`: where the host idles while the GPU work
 (bookkeeping, detokenization, outputs). Sampling is greedy, as in the throughput benchmark. Separately, the graph
 of the batch is replayed back to back with CUDA events around it: the GPU's own time for the model, against the
 memory-bandwidth floor (weight bytes + KV bytes read, over the copy bandwidth measured in the same run). The host's
-share of a step is 1 - GPU time / step time: the part of the step the GPU is not working on the model. Requests
+share of a step is 1 - GPU time / step time: the part of the step the GPU is not working on the model; with the
+sampler's kernels (timed the same way, on the step's own sampling batch) counted as GPU time too, a second figure. Requests
 ask for their output only when finished (RequestOutputKind.FINAL_ONLY), as in the throughput benchmark. With
 --trace, the torch profiler's top kernels of 5 graph replays and of 5 eager forwards of the same batch are written
 to kernels_<shape>.txt in that folder.
@@ -99,6 +100,14 @@ def main():
             for _ in range(20): r.model.compute_logits(h)
             e.record(); torch.cuda.synchronize()
         logits_ms = s.elapsed_time(e) / 20
+        sampler_ms = None  # the sampler's kernels on the step's batch (greedy, as timed above), back to back
+        last = getattr(r, 'last_sampling', None)
+        if last is not None and len(last[0]) == a.batch:
+            with torch.inference_mode():
+                lg = r.model.compute_logits(h); r.sampler(lg, last[1]); torch.cuda.synchronize(); s.record()
+                for _ in range(20): r.sampler(lg, last[1])
+                e.record(); torch.cuda.synchronize()
+            sampler_ms = s.elapsed_time(e) / 20
         if a.trace:  # which kernels make the GPU time: the graph replayed, and one eager forward of the same batch
             from torch.profiler import ProfilerActivity, profile
             live, bm = [q for grp in eng.scheduler.running for q in grp.seqs if not q.is_finished], eng.block_manager
@@ -122,7 +131,9 @@ def main():
             if shape != name: continue
             row = dict(shape=name, mode=mode, step_ms=med(steps), phases_ms={k: med(v) for k, v in t.items()}, graph_replay_ms=replay_ms,
                        logits_ms=logits_ms, gpu_ms=gpu_ms, floor_ms=floor_ms, weight_GB=weight_bytes / 1e9, kv_GB=kv_bytes / 1e9,
-                       gpu_over_floor=gpu_ms / floor_ms, step_over_floor=med(steps) / floor_ms, host_share=1 - gpu_ms / med(steps))
+                       gpu_over_floor=gpu_ms / floor_ms, step_over_floor=med(steps) / floor_ms, host_share=1 - gpu_ms / med(steps),
+                       sampler_gpu_ms=sampler_ms,
+                       host_share_with_sampler_on_gpu=None if sampler_ms is None else 1 - (gpu_ms + sampler_ms) / med(steps))
             print(json.dumps(row), flush=True)
             res['shapes'].append(row)
         eng.shutdown(); del eng, r, saved, patches, gr, t; gc.collect(); torch.cuda.empty_cache()  # (patched methods made cycles)

@@ -395,8 +395,8 @@ def _release_memory():
     if torch.cuda.is_available(): torch.cuda.empty_cache()
 
 def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = None, backend: str = 'engine',
-                         hf_batch_sizes=(16,), progress: bool = True) -> dict:
-    "Offline throughput of the engine on `workload` and, with backend 'hf', of Hugging Face static batches on the same requests."
+                         hf_batch_sizes=(16,), progress: bool = True, report=None) -> dict:
+    "Offline throughput of the engine on `workload` and, with backend 'hf', of Hugging Face static batches on the same requests; `report(line)` hears each backend's line as soon as it is measured."
     if backend not in BACKENDS: raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}')
     config = config or EngineConfig()
     res = dict(kind='throughput', workload=workload.summary(), engine_config=dataclasses.asdict(config), backend=backend,
@@ -408,6 +408,7 @@ def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = 
             warm_up(engine)
             res['engine'], outs = run_engine(engine, workload, progress)
             res['engine_num_gpu_blocks'] = engine.num_gpu_blocks
+            if report: report(_engine_line(res['engine']))
         finally: engine.shutdown()  # the other ranks' processes, with tensor parallelism
         del engine; _release_memory()
     if backend != 'engine':
@@ -418,6 +419,7 @@ def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = 
             m, hf_outs = run_hf(hf, workload, bs, pad, progress)
             if outs is not None: m['identical_greedy_outputs'] = sum(a == b for a, b in zip(outs, hf_outs))
             res['hf'].append(m)
+            if report: report(_hf_line(m))
         del hf; _release_memory()
         best = max(res['hf'], key=lambda m: m['output_tokens_per_s'])
         res['hf_best_batch_size'] = best['batch_size']
@@ -425,20 +427,26 @@ def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = 
     return res
 
 # %% ../nbs/17_benchmarks.ipynb #ba4cd846
+def _line(name: str, m: dict, extra: str = '') -> str:
+    return (f"{name:<12} {m['elapsed_s']:8.2f} s {m['requests_per_s']:8.2f} req/s {m['output_tokens_per_s']:10.1f} out tok/s "
+            f"{m['total_tokens_per_s']:10.1f} total tok/s  {extra}")
+
+def _engine_line(e: dict) -> str:
+    return _line('engine', e, f"steps {e['steps']}, preemptions {e['preemptions']}, peak running {e['peak_running_seqs']}, "
+                              f"KV token share {e['kv_token_share']:.2f}")
+
+def _hf_line(m: dict) -> str:
+    same = f", identical greedy outputs {m['identical_greedy_outputs']}/{m['num_requests']}" if 'identical_greedy_outputs' in m else ''
+    return _line(f"hf batch {m['batch_size']}", m, f"static-batch efficiency {m['static_batch_efficiency']:.2f}{same}")
+
 def format_throughput(res: dict) -> str:
     "The report of a throughput result, one line per backend, then the ratio."
     w = res['workload']
     lines = [f"{w['name']}: {w['num_requests']} requests, {w['input_tokens']:,} input + {w['output_tokens']:,} output tokens (scale {w['scale']})"]
-    def line(name, m, extra=''):
-        return (f"{name:<12} {m['elapsed_s']:8.2f} s {m['requests_per_s']:8.2f} req/s {m['output_tokens_per_s']:10.1f} out tok/s "
-                f"{m['total_tokens_per_s']:10.1f} total tok/s  {extra}")
-    if (e := res['engine']):
-        lines.append(line('engine', e, f"steps {e['steps']}, preemptions {e['preemptions']}, peak running {e['peak_running_seqs']}, "
-                                       f"KV token share {e['kv_token_share']:.2f}"))
+    if (e := res['engine']): lines.append(_engine_line(e))
     for m in res['hf']:
-        same = f", identical greedy outputs {m['identical_greedy_outputs']}/{m['num_requests']}" if 'identical_greedy_outputs' in m else ''
         best = ' (best)' if m['batch_size'] == res.get('hf_best_batch_size') and len(res['hf']) > 1 else ''
-        lines.append(line(f"hf batch {m['batch_size']}", m, f"static-batch efficiency {m['static_batch_efficiency']:.2f}{same}{best}"))
+        lines.append(_hf_line(m) + best)
     if 'ratio' in res: lines.append(f"ratio (engine / best HF, output tok/s): {res['ratio']:.2f}x")
     busy = [x for m in [res['engine'] or {}] + res['hf'] for x in m.get('load_avg', []) if x is not None and x > (os.cpu_count() or 1) + 1]
     if busy: lines.append(f'warning: load average up to {max(busy):.1f} on {os.cpu_count()} cores: other work was running, the timings are suspect')
@@ -528,7 +536,8 @@ def cmd_bench_throughput(args) -> int:
     "paged-infer bench throughput: offline throughput, and Hugging Face side by side with --backend hf."
     try: sizes, w, config = _batch_sizes(args.hf_batch_size), workload_from_args(args), engine_config_from_args(args)
     except ValueError as e: return _fail(e)
-    res = throughput_benchmark(w, config, args.backend, sizes, not args.no_progress)
+    report = lambda line: print(f'measured: {line}', file=sys.stderr, flush=True)  # each backend as it ends: a long run cut short keeps what it got
+    res = throughput_benchmark(w, config, args.backend, sizes, not args.no_progress, report)
     return _finish(res, args, format_throughput(res))
 
 def cmd_bench_latency(args) -> int:

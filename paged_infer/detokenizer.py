@@ -78,9 +78,9 @@ class StreamDecoder:
 
     def flush(self) -> str: return self.step([], final=True)
 
-def decoder_for(tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
-    "A StreamDecoder where the tokenizer's Rust decoder gives what `decode` gives, else a WindowDecoder."
-    w = WindowDecoder(tokenizer, prompt_ids, skip_special_tokens)
+def decoder_for(tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True, window: WindowDecoder | None = None):
+    "A StreamDecoder where the tokenizer's Rust decoder gives what `decode` gives, else a WindowDecoder (`window`, if given: one built for these ids)."
+    w = window or WindowDecoder(tokenizer, prompt_ids, skip_special_tokens)
     if w.fast is None: return w
     try: return StreamDecoder(tokenizer, prompt_ids, skip_special_tokens, window=w)
     except TypeError: return w  # a `tokenizers` too old for DecodeStream(ids=...): the window, in Python
@@ -122,9 +122,9 @@ class IncrementalDetokenizer:
         self.include_stop_str_in_output = include_stop_str_in_output
         # deferred: no stop string to catch and nobody reading before the end: collect ids, decode them in one call
         # (only where decoding is the Rust one, which gives the same text in any chunks; not with space clean-up)
-        w = WindowDecoder(tokenizer, prompt_ids, skip_special_tokens) if defer and not self.stop else None
-        self.deferred = w is not None and w.fast is not None
-        self.window = w if self.deferred else decoder_for(tokenizer, prompt_ids, skip_special_tokens)
+        w = WindowDecoder(tokenizer, prompt_ids, skip_special_tokens)
+        self.deferred = defer and not self.stop and w.fast is not None
+        self.window = w if self.deferred else decoder_for(tokenizer, prompt_ids, skip_special_tokens, window=w)
         self.output_ids: list[int] = []  # every generated token given to `step`
         self.pending: list[int] = []  # deferred: ids given to `step`, not decoded yet
         self._text = ''

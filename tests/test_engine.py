@@ -314,11 +314,14 @@ def test_final_only_outputs_come_once(shared, async_scheduling):
 
 @ASYNC
 def test_final_only_text_of_a_request_that_fails_midway(shared, async_scheduling):
-    """A FINAL_ONLY request whose text is read before it ends (its logits processor fails at the 8th token; its text
-    is decoded at the end, chapter 10's deferred detokenizer) gets the text a CUMULATIVE twin's token-by-token decoding gave."""
+    """A FINAL_ONLY request whose text is read before it ends (its logits processor fails at the 8th token, the 7th forced
+    to half a character; its text is decoded at the end, chapter 10's deferred detokenizer) gets the text a CUMULATIVE
+    twin's token-by-token decoding gave."""
     from paged_infer.sampling_params import RequestOutputKind
+    half = shared['tok'].convert_tokens_to_ids('Ã')  # byte 0xC3 alone: the first half of 'é' (byte-level BPE)
     def boom(out, logits):
         if len(out) == 7: raise ZeroDivisionError('boom')
+        if len(out) == 6: logits = torch.full_like(logits, -1e9); logits[half] = 0.0  # the last token kept: half a character
         return logits
     got = {}
     for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY):
@@ -331,6 +334,7 @@ def test_final_only_text_of_a_request_that_fails_midway(shared, async_scheduling
         got[kind] = (last.outputs[0].text, last.outputs[0].token_ids)
         assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
     assert got[RequestOutputKind.FINAL_ONLY] == got[RequestOutputKind.CUMULATIVE] and len(got[RequestOutputKind.CUMULATIVE][1]) == 7
+    assert got[RequestOutputKind.CUMULATIVE][1][-1] == half
     assert got[RequestOutputKind.CUMULATIVE][0]
 
 
