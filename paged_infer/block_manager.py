@@ -207,7 +207,7 @@ def append_slots(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> li
         new = self.gpu.take()
         copies.append((t.blocks[-1], new))
         self.gpu.decref(t.blocks[-1])
-        t.blocks[-1] = new
+        t.blocks[-1] = new  # the one change to a table's list in place besides growing (chapter 11's graphs rely on it)
     t.blocks += [self.gpu.take() for _ in range(t.blocks_needed(num_new_tokens))]
     t.num_tokens += num_new_tokens
     return copies

@@ -321,7 +321,7 @@ def compile_attention_kernels(k_cache: torch.Tensor, v_cache: torch.Tensor,  # o
         table, lens = torch.zeros(1, cdiv(L, BS), dtype=torch.int32, device=dev), torch.tensor([L], dtype=torch.int32, device=dev)
         paged_decode_attention(q, k_cache, v_cache, table, lens, 1.0, max_seq_len=L, num_splits=splits)
         splits, launches = splits * 2, launches + 1
-    meta = build_metadata([[0]], [0], [2], BS, dev)  # one two-token prefill in block 0
+    meta = build_metadata([[0] * cdiv(2, BS)], [0], [2], BS, dev)  # one two-token prefill in block 0 (twice, if a block holds one token)
     for block_m, block_n, num_warps in PREFILL_TILES:
         paged_prefill_attention(q.expand(2, -1, -1).contiguous(), k_cache, v_cache, meta, 1.0, block_m=block_m, block_n=block_n, num_warps=num_warps)
         launches += 1
