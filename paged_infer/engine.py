@@ -288,6 +288,7 @@ def step(self: LLMEngine) -> list:
         if prev is not None: outputs += self._finish(prev); prev = None  # while `launched` runs on the device
         if overlap and self.groups: self.inflight = launched
         else: outputs += self._finish(launched)  # (with no request left, its rows are all dropped: nothing to wait for later)
+        if not self.groups: r.last_sampling = None  # idle: the kept sampling batch (chapter 11) holds nothing alive
         return _latest(outputs)
     except BaseException:  # nothing made so far is lost: a step in flight is finished, outputs wait for the next call
         if prev is not None:

@@ -400,6 +400,7 @@ def test_a_steady_sampling_batch_changes_nothing(shared, async_scheduling):
             return built(sampled)
         r.sampling_batch = sampling_batch
         out, _ = run_all(eng, reqs)
+        assert r.last_sampling is None  # an idle engine keeps no batch (nor its sequences) alive
         results.append([summary(o) for o in out]); counts.append(n)
     assert results[0] == results[1]
     assert counts[0]['kept'] > counts[0]['steps'] // 2 and counts[1]['kept'] == 0, counts
