@@ -320,10 +320,11 @@ def _finish(self: LLMEngine, f: InFlight) -> list:
 def _cache_blocks(self: LLMEngine, seqs: list):
     "Name newly full blocks of computed, known tokens in the prefix cache."
     bm = self.block_manager
-    for s in seqs:
-        known = s.num_prompt_tokens + s.num_output_tokens  # a pending token is not known yet
-        if (t := bm.tables.get(s.seq_id)) is not None and min(s.num_computed_tokens, known) // bm.block_size > len(t.hashes):
-            bm.cache_blocks(s.seq_id, s.token_ids(0, known), min(s.num_computed_tokens, known))
+    B, tables = bm.block_size, bm.tables
+    for s in seqs:  # (every row of every step: plain attributes, no properties)
+        c, known = s.num_computed_tokens, len(s.prompt_token_ids) + len(s.output_token_ids)  # a pending token is not known yet
+        if known < c: c = known
+        if (t := tables.get(s.seq_id)) is not None and c // B > len(t.hashes): bm.cache_blocks(s.seq_id, s.token_ids(0, known), c)
 
 LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
 LLMEngine._launch, LLMEngine._finish, LLMEngine._cache_blocks = _launch, _finish, _cache_blocks
@@ -361,24 +362,30 @@ LLMEngine._step_without_culprits = _step_without_culprits
 
 # %% ../nbs/13_engine.ipynb #bf9a46df
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
+    # `changed`: the requests that may have an output; a FINAL_ONLY request joins it only once a sequence finishes
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
-    rows = {}  # 2. sequence -> its rows in the sampler output
-    for i, s in enumerate(sampled): rows.setdefault(s, []).append(i)
     toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
-    now, beams = time.monotonic(), set()
-    for s, idx in rows.items():
+    now, beams, ended, n, prev = time.monotonic(), set(), False, len(sampled), None
+    for i, s in enumerate(sampled):  # 2. (a sequence's rows are side by side: several only for a request's first samples)
+        if s is prev: continue  # a further row of the sequence before: taken with its first
+        prev = s
         if s.is_finished: continue  # it finished (or was aborted) while this step ran: the token is dropped
         s.num_pending_tokens -= 1  # the host has it now
         g = self.groups[s.request_id]
-        changed.add(g)
         if g.first_token_time is None: g.first_token_time = now
-        if s.params.use_beam_search: _propose(s, samples, idx[0]); beams.add(g); continue
-        if len(idx) == 1: i = idx[0]; self._append(s, samples, i, toks[i], lps[i]); continue  # (most rows)
-        targets = [s] + [self._fork(g, s) for _ in idx[1:]]  # fork first: each fork takes one of the samples
-        for t, i in zip(targets, idx): self._append(t, samples, i, toks[i], lps[i])
+        if s.params.use_beam_search: _propose(s, samples, i); beams.add(g); changed.add(g); continue
+        if i + 1 == n or sampled[i + 1] is not s:  # (most rows)
+            self._append(s, samples, i, toks[i], lps[i])
+            if s.status is SequenceStatus.FINISHED: ended = True; changed.add(g)
+            elif g.params.output_kind is not RequestOutputKind.FINAL_ONLY: changed.add(g)
+            continue
+        k = next((j for j in range(i + 1, n) if sampled[j] is not s), n) - i  # this sequence's rows
+        targets = [s] + [self._fork(g, s) for _ in range(k - 1)]  # fork first: each fork takes one of the samples
+        for t, j in zip(targets, range(i, i + k)): self._append(t, samples, j, toks[j], lps[j])
+        changed.add(g); ended = True  # (a fork may finish at once)
     for g in beams: self._beam_step(g)
     self._cache_blocks(out.seqs)  # 1. (again: the tokens just known may fill blocks)
-    done = self.scheduler.free_finished()  # 4.
+    done = self.scheduler.free_finished() if ended or beams else []  # 4. (most steps: nothing finished, nothing to free)
     done += [x for g in changed - set(done) if g.is_finished and (x := self.scheduler.abort(g.request_id))]  # finished while preempted
     for g in done:
         g.finished_time = now; changed.add(g)

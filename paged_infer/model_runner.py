@@ -138,8 +138,8 @@ class StepFuture:
     "A launched step's sampled tokens: on the device at once (`tokens`), on the host after `result()`."
     def __init__(self, out: SamplerOutput, sampled: list):
         self.tokens = out.token_ids  # (B,) on the device: the next step's inputs can be taken from here
-        self.rows = {}  # sequence -> its row (the first, for a request's first samples)
-        for i, s in enumerate(sampled): self.rows.setdefault(s, i)
+        n = len(sampled)  # sequence -> its row (the first, for a request's first samples: the later rows are overwritten)
+        self.rows = dict(zip(reversed(sampled), range(n - 1, -1, -1)))
         self.ready = None
         if out.token_ids.device.type == 'cpu': self.host = out; return
         # four copies queued behind the step, and an event after them: nothing waits here
