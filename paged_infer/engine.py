@@ -362,7 +362,7 @@ LLMEngine._step_without_culprits = _step_without_culprits
 
 # %% ../nbs/13_engine.ipynb #bf9a46df
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
-    # `changed`: the requests that may have an output; a FINAL_ONLY request joins it only once a sequence finishes
+    # `changed`: the requests that may have an output (a plain decode row's request only if it wants one now)
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
     now, beams, ended, n, prev = time.monotonic(), set(), False, len(sampled), None
@@ -376,8 +376,8 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
         if s.params.use_beam_search: _propose(s, samples, i); beams.add(g); changed.add(g); continue
         if i + 1 == n or sampled[i + 1] is not s:  # (most rows)
             self._append(s, samples, i, toks[i], lps[i])
-            if s.status is SequenceStatus.FINISHED: ended = True; changed.add(g)
-            elif g.params.output_kind is not RequestOutputKind.FINAL_ONLY: changed.add(g)
+            ended = ended or s.status is SequenceStatus.FINISHED
+            if _wants_output(g): changed.add(g)
             continue
         k = next((j for j in range(i + 1, n) if sampled[j] is not s), n) - i  # this sequence's rows
         targets = [s] + [self._fork(g, s) for _ in range(k - 1)]  # fork first: each fork takes one of the samples

@@ -144,7 +144,7 @@ def select(self: SamplingBatch, rows: list[int]) -> SamplingBatch:
     if self.output_counts is not None or self.min_tokens_mask is not None or self.processors:
         raise ValueError('this batch depends on the outputs so far (penalties, min_tokens, logits processors): build it again')
     idx = host_to_device(torch.tensor(rows, dtype=torch.long), self.temperature.device)
-    host = [self.host_rows[i] for i in rows]
+    host = [self.host_rows[i] for i in rows]  # each: (temperature, top_p, top_k, min_p, greedy, 3 penalties, logprobs, has bias)
     n_rand = sum(r[4] == 0.0 for r in host)
     take = lambda t: t[idx]
     return dataclasses.replace(
