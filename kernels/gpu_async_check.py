@@ -6,7 +6,8 @@ A random-weight model of the Qwen2.5-0.5B shape (its bf16 folder, upcast: float3
 attention kernels multiply float32 exactly, chapter 15). 8 prompts of 24-300 random tokens, greedy, `max_tokens`
 from 9 to 37 (so requests finish at different steps, while the next step is already on the GPU), against HF float32
 `generate`. Engine runs: sync with CUDA graphs; async with CUDA graphs, eager, with a pool small enough to preempt
-by swapping and by recompute (22 blocks, found on the CPU with the same lengths to preempt once or twice; scheduling depends on lengths only), and with chunked prefill (64-token budget). Each must give HF's tokens (a prefix of
+by swapping and by recompute (22 blocks, found on the CPU with the same lengths to preempt once or twice; scheduling depends on lengths only), with chunked prefill (64-token budget), and with one-token blocks (the kernels' warm-up and
+block tables at their smallest). Each must give HF's tokens (a prefix of
 HF's 40) and leave its pool all free. Then the same in bfloat16, sync against async (graphs): random weights give
 flat logits, so a different batch size (async runs a finished request one extra step) may flip near-ties; the
 count of identical requests is reported, not asserted.
@@ -56,6 +57,7 @@ def main():
             ('fp32 async preempt-swap', 'float32', dict(async_scheduling=True, num_gpu_blocks=22, num_cpu_blocks=256, preemption_mode='swap')),
             ('fp32 async preempt-recompute', 'float32', dict(async_scheduling=True, num_gpu_blocks=22, num_cpu_blocks=0)),
             ('fp32 async chunked', 'float32', dict(async_scheduling=True, max_num_batched_tokens=64)),
+            ('fp32 async graphs block_size 1', 'float32', dict(async_scheduling=True, block_size=1, num_gpu_blocks=16384)),
             ('bf16 sync graphs', 'bfloat16', dict(async_scheduling=False)), ('bf16 async graphs', 'bfloat16', dict(async_scheduling=True))]
     outs = {}
     for name, dtype, kw in plan:

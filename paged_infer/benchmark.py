@@ -184,19 +184,26 @@ def load_hf_model(model=None, dtype: str = 'auto', device: str | None = 'auto'):
 @torch.inference_mode()
 def run_hf(model, workload: BenchWorkload, batch_size: int, pad_token_id: int = 0, progress: bool = True) -> tuple:
     "Hugging Face `generate` on `workload` in static, left-padded batches of `batch_size`, greedy: (metrics, output ids per request)."
+    from transformers import StoppingCriteria
     dev, reqs, outs = model.device, workload.requests, []
     batches = range(0, len(reqs), batch_size)
+    steps = sum(max(r.output_len for r in reqs[i:i + batch_size]) for i in batches)
+    bar = tqdm(total=steps, desc=f'hf batch {batch_size}', unit='step', disable=not progress, mininterval=5, dynamic_ncols=True)
+    class StepBar(StoppingCriteria):  # counts decode steps into the bar (a long batch shows its pace); stops no row, reads nothing back
+        def __call__(self, input_ids, scores, **kwargs):
+            bar.update(1); return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
     load0 = _load(); _sync(dev); t0 = time.perf_counter()
-    for i in tqdm(batches, desc=f'hf batch {batch_size}', disable=not progress, dynamic_ncols=True):
+    for i in batches:
         batch = reqs[i:i + batch_size]
         L, T = max(len(r.prompt_token_ids) for r in batch), max(r.output_len for r in batch)
         ids = torch.tensor([[pad_token_id] * (L - len(r.prompt_token_ids)) + r.prompt_token_ids for r in batch], device=dev)
         mask = torch.tensor([[0] * (L - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in batch], device=dev)
-        seqs = model.generate(ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False, pad_token_id=pad_token_id)
+        seqs = model.generate(ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False, pad_token_id=pad_token_id,
+                              stopping_criteria=[StepBar()])
         outs += [s[:r.output_len] for s, r in zip(seqs[:, L:].tolist(), batch)]  # only the tokens each request asked for
-    _sync(dev); dt = time.perf_counter() - t0
+    _sync(dev); dt = time.perf_counter() - t0; bar.close()
     m = _rates(dt, workload, sum(map(len, outs))) | dict(load_avg=[load0, _load()])
-    m.update(backend='hf', batch_size=batch_size, steps=sum(max(r.output_len for r in reqs[i:i + batch_size]) for i in batches),
+    m.update(backend='hf', batch_size=batch_size, steps=steps,
              static_batch_efficiency=static_batch_efficiency([r.output_len for r in reqs], batch_size))
     return m, outs
 
