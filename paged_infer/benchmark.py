@@ -7,9 +7,9 @@ __all__ = ['WORKLOADS', 'TOKEN_ID_LOW', 'SHAPES', 'TOKENIZER_FILES', 'BACKENDS',
            'make_workload', 'UnknownShapeError', 'random_model_dir', 'make_random_model', 'static_batch_occupancy',
            'static_batch_efficiency', 'load_hf_model', 'run_hf', 'bench_params', 'warm_up', 'run_engine',
            'latency_stats', 'run_latency', 'RequestRecord', 'poisson_arrivals', 'run_serving', 'serving_metrics',
-           'serving_benchmark', 'machine_info', 'write_result', 'throughput_benchmark', 'format_throughput',
-           'engine_config_from_args', 'workload_from_args', 'cmd_bench_throughput', 'cmd_bench_latency',
-           'cmd_bench_serving', 'add_bench_parser', 'load_results']
+           'serving_benchmark', 'machine_info', 'write_result', 'agreed_prefix', 'throughput_benchmark',
+           'format_throughput', 'engine_config_from_args', 'workload_from_args', 'cmd_bench_throughput',
+           'cmd_bench_latency', 'cmd_bench_serving', 'add_bench_parser', 'load_results']
 
 # %% ../nbs/17_benchmarks.ipynb #9ae1f003
 import argparse
@@ -401,6 +401,10 @@ def _release_memory():
     gc.collect()
     if torch.cuda.is_available(): torch.cuda.empty_cache()
 
+def agreed_prefix(a: list, b: list) -> int:
+    "How many tokens two outputs share before they first differ."
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
 def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = None, backend: str = 'engine',
                          hf_batch_sizes=(16,), progress: bool = True, report=None) -> dict:
     "Offline throughput of the engine on `workload` and, with backend 'hf', of Hugging Face static batches on the same requests; `report(line)` hears each backend's line as soon as it is measured."
@@ -424,7 +428,9 @@ def throughput_benchmark(workload: BenchWorkload, config: EngineConfig | None = 
         with torch.inference_mode(): hf.generate(torch.full((1, 8), TOKEN_ID_LOW, device=hf.device), max_new_tokens=2, do_sample=False, pad_token_id=pad)
         for bs in hf_batch_sizes:
             m, hf_outs = run_hf(hf, workload, bs, pad, progress)
-            if outs is not None: m['identical_greedy_outputs'] = sum(a == b for a, b in zip(outs, hf_outs))
+            if outs is not None:  # random bf16 weights give near-flat logits: where the two part says more than whether they do
+                m['identical_greedy_outputs'] = sum(a == b for a, b in zip(outs, hf_outs))
+                m['mean_agreed_tokens'] = float(np.mean([agreed_prefix(a, b) for a, b in zip(outs, hf_outs)]))
             res['hf'].append(m)
             if report: report(_hf_line(m))
         del hf; _release_memory()
@@ -444,6 +450,7 @@ def _engine_line(e: dict) -> str:
 
 def _hf_line(m: dict) -> str:
     same = f", identical greedy outputs {m['identical_greedy_outputs']}/{m['num_requests']}" if 'identical_greedy_outputs' in m else ''
+    if 'mean_agreed_tokens' in m: same += f" (the same first {m['mean_agreed_tokens']:.1f} tokens on average)"
     return _line(f"hf batch {m['batch_size']}", m, f"static-batch efficiency {m['static_batch_efficiency']:.2f}{same}")
 
 def format_throughput(res: dict) -> str:
