@@ -1,0 +1,99 @@
+"""Which static batch size is Hugging Face's best on a workload, without running every one in full: HF `generate`'s
+cost per decode step, measured at each batch size and two context lengths, summed over the steps each batch size
+would run, and checked against the full runs that were measured.
+
+    PAGED_INFER_CACHE=$PWD/.gpu_cache PYTHONPATH=. python kernels/hf_step_cost.py --shape llama-3.1-8b \
+        --tokenizer .gpu_assets/tokenizer --num-requests 128 --batch-sizes 16,32,64 --out $OUT/hf_step_cost.json
+
+For each batch size B, the workload's first B requests, left-padded as `run_hf` pads them (prompt length L, the
+longest), and the same with `--extra` more prompt tokens each: `generate` with 8 new tokens and with 8 + `--steps`,
+greedy, min_new_tokens as in the benchmark; the difference over `--steps` is the time of one decode step at that
+batch size and context (prefill cancels out). A step's time is taken as linear in its context between the two
+points (and beyond). The predicted time of a full run at batch size B is the sum, over its batches and their steps,
+of the step time at that step's context (the batch's L plus the tokens generated so far), plus each batch's prefill
+(measured too). `--check B=seconds,...` puts measured full runs beside the predictions.
+"""
+import argparse, json, time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from paged_infer.benchmark import load_hf_model, make_random_model, make_workload
+
+
+def sync(dev):
+    if dev.type == 'cuda': torch.cuda.synchronize()
+
+
+def timed_generate(hf, ids, mask, n, pad):
+    sync(ids.device); t0 = time.perf_counter()
+    with torch.inference_mode():
+        hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
+    sync(ids.device); return time.perf_counter() - t0
+
+
+def padded(reqs, extra, vocab, dev, seed):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [r.prompt_token_ids + torch.randint(100, vocab, (extra,), generator=g).tolist() for r in reqs]
+    L = max(map(len, prompts))
+    ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts], device=dev)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=dev)
+    return ids, mask, L
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--shape', default='llama-3.1-8b'); ap.add_argument('--tokenizer', default='.gpu_assets/tokenizer')
+    ap.add_argument('--model', default=None, help='a model folder instead of a random one of --shape')
+    ap.add_argument('--workload', default='sharegpt-like'); ap.add_argument('--num-requests', type=int, default=128)
+    ap.add_argument('--batch-sizes', default='16,32,64'); ap.add_argument('--extra', type=int, default=1024)
+    ap.add_argument('--steps', type=int, default=32); ap.add_argument('--check', default='')
+    ap.add_argument('--device', default='cuda'); ap.add_argument('--out', default='hf_step_cost.json')
+    a = ap.parse_args()
+    folder = a.model or make_random_model(a.shape, tokenizer_folder=a.tokenizer, dtype='bfloat16', max_model_len=8192, seed=0)
+    hf = load_hf_model(str(folder), 'auto', a.device)
+    pad, vocab, dev = hf.generation_config.pad_token_id or 0, hf.config.vocab_size, hf.device
+    w = make_workload(a.workload, a.num_requests, vocab_size=vocab)
+    reqs = w.requests
+    timed_generate(hf, *padded(reqs[:2], 0, vocab, dev, 0)[:2], 2, pad)  # warm-up
+    res = dict(shape=a.shape, workload=w.summary(), device=torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu',
+               extra=a.extra, steps=a.steps, points=[], predicted={})
+    fits = {}  # batch size -> (step s at context c0, c0, its growth per context token, prefill s at L0 and L1, L0, L1)
+    for B in map(int, a.batch_sizes.split(',')):
+        pts = []
+        for extra in (0, a.extra):
+            ids, mask, L = padded(reqs[:B], extra, vocab, dev, B)
+            t_short = timed_generate(hf, ids, mask, 8, pad)
+            t_long = timed_generate(hf, ids, mask, 8 + a.steps, pad)
+            step = (t_long - t_short) / a.steps
+            prefill = t_short - 7 * step  # the prefill (with its first token) of a batch of this size and context
+            pts.append((L + 8 + a.steps / 2, step, L, prefill))
+            res['points'].append(dict(batch_size=B, context=L + 8 + a.steps / 2, step_ms=step * 1e3, prompt_len=L, prefill_s=prefill))
+            print(json.dumps(res['points'][-1]), flush=True)
+            Path(a.out).write_text(json.dumps(res, indent=1))
+        (c0, s0, L0, p0), (c1, s1, L1, p1) = pts
+        slope = (s1 - s0) / (c1 - c0)
+        fits[B] = (s0, c0, slope, p0, p1, L0, L1)
+    for B, (s0, c0, slope, p0, p1, L0, L1) in fits.items():
+        total, n_steps = 0.0, 0
+        for i in range(0, len(reqs), B):
+            batch = reqs[i:i + B]
+            L, T = max(len(r.prompt_token_ids) for r in batch), max(r.output_len for r in batch)
+            ctx = L + np.arange(T)
+            total += float(np.sum(s0 + slope * (ctx - c0)))
+            total += p0 + (p1 - p0) * (L - L0) / (L1 - L0)  # the batch's prefill, linear in its length
+            n_steps += T
+        res['predicted'][B] = dict(seconds=total, steps=n_steps, output_tokens_per_s=w.num_output_tokens / total)
+        print(f'batch {B}: predicted {total:.0f} s for {n_steps} steps, {w.num_output_tokens / total:.1f} output tok/s', flush=True)
+    for kv in filter(None, a.check.split(',')):
+        B, s = kv.split('='); B, s = int(B), float(s)
+        if B in res['predicted']:
+            res['predicted'][B]['measured_seconds'] = s
+            print(f'batch {B}: measured {s:.0f} s, predicted {res["predicted"][B]["seconds"]:.0f} s '
+                  f'({res["predicted"][B]["seconds"] / s - 1:+.1%})', flush=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == '__main__':
+    main()
