@@ -11,16 +11,18 @@ nn.Linear keeps them), at M rows:
 - `triton`: a plain Triton GEMM (grouped tile order) autotuned over tiles, stages and warps;
 - `inductor` (with --inductor): torch.compile max-autotune's pick (ATen and Triton templates, persistent TMA ones
   included), its autotune table in inductor.log next to the JSON.
-Each is timed with triton.testing.do_bench (median) over enough weight copies that none sits in L2, and given as
+Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median: no host launch time, as in the
+engine's decode graphs; session 7's first version timed Python launch loops, and the Triton and inductor calls,
+~65 us of host time each, hid the small GEMMs' GPU time) over enough weight copies that none sits in L2, and given as
 TFLOP/s, as a share of the measured dense bf16 ceiling (a large square cuBLAS GEMM timed the same way) and of the
-weight bytes over the measured copy bandwidth. The outputs are checked against `linear` (bf16 tolerance).
+weight bytes over the measured copy bandwidth. Each output must match `linear`'s within bf16 rounding.
 """
 import argparse, json, math, os, sys
 from pathlib import Path
 
 import torch, torch.nn.functional as F
 import triton, triton.language as tl
-from triton.testing import do_bench
+from triton.testing import do_bench_cudagraph
 
 from paged_infer.benchmark import SHAPES
 
@@ -75,11 +77,11 @@ def triton_linear(x, w):
     return out
 
 
-def timed(fn, copies):
-    "Median ms of one call, the weight copies taken in turn (so no call finds its weights in L2)."
+def timed(fn, copies, rep=300):
+    "Median ms of one call, replayed in a CUDA graph, the weight copies taken in turn (so no call finds its weights in L2)."
     def run():
         for c in copies: fn(c)
-    return do_bench(run, warmup=50, rep=300, return_mode='median') / len(copies)
+    return do_bench_cudagraph(run, rep=rep, return_mode='median') / len(copies)
 
 
 def main():
@@ -93,9 +95,9 @@ def main():
     torch.manual_seed(0)
     # ceilings, measured here: dense bf16 (a large square GEMM) and copy bandwidth (read + write of 2 GiB)
     big = torch.randn(8192, 8192, device=dev, dtype=dt)
-    peak = 2 * 8192 ** 3 / (do_bench(lambda: big @ big, warmup=50, rep=500, return_mode='median') * 1e-3)
+    peak = 2 * 8192 ** 3 / (do_bench_cudagraph(lambda: big @ big, rep=500, return_mode='median') * 1e-3)
     src = torch.empty(2 ** 30, device=dev, dtype=dt); dst = torch.empty_like(src)
-    bw = 2 * src.numel() * 2 / (do_bench(lambda: dst.copy_(src), warmup=20, rep=300, return_mode='median') * 1e-3)
+    bw = 2 * src.numel() * 2 / (do_bench_cudagraph(lambda: dst.copy_(src), rep=300, return_mode='median') * 1e-3)
     del big, src, dst
     res = dict(shape=a.shape, gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                peak_bf16_tflops=peak / 1e12, copy_bw_tbs=bw / 1e12, rows=[])
@@ -106,7 +108,6 @@ def main():
         import torch._inductor.config as ic
         ic.max_autotune_gemm_backends = 'ATEN,TRITON'
         ic.triton.enable_persistent_tma_matmul = True
-        compiled = torch.compile(lambda x, w: F.linear(x, w), mode='max-autotune-no-cudagraphs', dynamic=False)
     for M in a.m:
         for name in names:
             N, K = projections(a.shape)[name]
@@ -118,16 +119,20 @@ def main():
             ref = F.linear(x, ws[0]).float()
             fns = dict(linear=(lambda w: F.linear(x, w), ws), linear_t=(lambda wt: x @ wt, wts),
                        lt_pref=(lambda w: F.linear(x, w), ws), triton=(lambda w: triton_linear(x, w), ws))
-            if a.inductor: fns['inductor'] = (lambda w: compiled(x, w), ws)
+            if a.inductor:  # a fresh compile per shape (dynamo's recompile limit would fall back to eager after 8)
+                torch._dynamo.reset()
+                compiled = torch.compile(lambda x, w: F.linear(x, w), mode='max-autotune-no-cudagraphs', dynamic=False)
+                fns['inductor'] = (lambda w: compiled(x, w), ws)
             flops = 2 * M * N * K
             for v in variants:
                 fn, copies = fns[v]
+                blas = torch.backends.cuda.preferred_blas_library()
                 if v == 'lt_pref': torch.backends.cuda.preferred_blas_library('cublaslt')
                 try:
                     err = (fn(copies[0]).float() - ref).abs().max().item()
+                    if err > 2 ** -5 * ref.abs().max().item(): raise SystemExit(f'{name} {v}: max error {err:.3g}, beyond bf16 rounding')
                     ms = timed(fn, copies)
-                finally:
-                    if v == 'lt_pref': torch.backends.cuda.preferred_blas_library('default')
+                finally: torch.backends.cuda.preferred_blas_library(blas)
                 row = dict(m=M, proj=name, n=N, k=K, variant=v, ms=ms, tflops=flops / ms / 1e9, max_abs_err=err,
                            of_peak=flops / (ms * 1e-3) / peak, of_bw=nbytes / (ms * 1e-3) / bw)
                 if v == 'triton': row['config'] = str(_mm_kernel.best_config)

@@ -11,9 +11,11 @@ greedy, min_new_tokens as in the benchmark; the difference over `--steps` is the
 batch size and context (prefill cancels out). A step's time is taken as linear in its context between the two
 points (and beyond). The predicted time of a full run at batch size B is the sum, over its batches and their steps,
 of the step time at that step's context (the batch's L plus the tokens generated so far), plus each batch's prefill
-(measured too). `--check B=seconds,...` puts measured full runs beside the predictions.
+(measured too). Each time is the median of `--repeats` generations, after one warm-up generation at that batch
+size. `--check` puts measured full runs beside the predictions: result files of `bench throughput` on the same
+workload (their HF entries), or `B=seconds` pairs.
 """
-import argparse, json, time
+import argparse, json, statistics, sys, time
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +28,27 @@ def sync(dev):
     if dev.type == 'cuda': torch.cuda.synchronize()
 
 
-def timed_generate(hf, ids, mask, n, pad):
-    sync(ids.device); t0 = time.perf_counter()
-    with torch.inference_mode():
-        hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
-    sync(ids.device); return time.perf_counter() - t0
+def timed_generate(hf, ids, mask, n, pad, repeats=1):
+    "Median seconds of `repeats` greedy generations of `n` tokens."
+    ts = []
+    for _ in range(repeats):
+        sync(ids.device); t0 = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
+        sync(ids.device); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def measured_runs(check: str, workload) -> dict:
+    "batch size -> measured seconds, from `bench throughput` result files (same workload) or `B=seconds` pairs."
+    out = {}
+    for item in filter(None, check.split(',')):
+        if '=' in item: B, s = item.split('='); out[int(B)] = float(s); continue
+        r = json.loads(Path(item).read_text())
+        if (r['workload']['name'], r['workload']['num_requests'], r['workload']['output_tokens']) != \
+                (workload.name, len(workload), workload.num_output_tokens): raise SystemExit(f'{item}: another workload')
+        out |= {m['batch_size']: m['elapsed_s'] for m in r['hf']}
+    return out
 
 
 def padded(reqs, extra, vocab, dev, seed):
@@ -48,7 +66,8 @@ def main():
     ap.add_argument('--model', default=None, help='a model folder instead of a random one of --shape')
     ap.add_argument('--workload', default='sharegpt-like'); ap.add_argument('--num-requests', type=int, default=128)
     ap.add_argument('--batch-sizes', default='16,32,64'); ap.add_argument('--extra', type=int, default=1024)
-    ap.add_argument('--steps', type=int, default=32); ap.add_argument('--check', default='')
+    ap.add_argument('--steps', type=int, default=32); ap.add_argument('--repeats', type=int, default=3)
+    ap.add_argument('--check', default='', help='comma-separated: bench result files, or B=seconds')
     ap.add_argument('--device', default='cuda'); ap.add_argument('--out', default='hf_step_cost.json')
     a = ap.parse_args()
     folder = a.model or make_random_model(a.shape, tokenizer_folder=a.tokenizer, dtype='bfloat16', max_model_len=8192, seed=0)
@@ -56,16 +75,18 @@ def main():
     pad, vocab, dev = hf.generation_config.pad_token_id or 0, hf.config.vocab_size, hf.device
     w = make_workload(a.workload, a.num_requests, vocab_size=vocab)
     reqs = w.requests
-    timed_generate(hf, *padded(reqs[:2], 0, vocab, dev, 0)[:2], 2, pad)  # warm-up
-    res = dict(shape=a.shape, workload=w.summary(), device=torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu',
-               extra=a.extra, steps=a.steps, points=[], predicted={})
+    import transformers
+    res = dict(command=' '.join(sys.argv), shape=a.shape, workload=w.summary(), torch=torch.__version__,
+               transformers=transformers.__version__, device=torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu',
+               extra=a.extra, steps=a.steps, repeats=a.repeats, points=[], predicted={})
     fits = {}  # batch size -> (step s at context c0, c0, its growth per context token, prefill s at L0 and L1, L0, L1)
     for B in map(int, a.batch_sizes.split(',')):
         pts = []
         for extra in (0, a.extra):
             ids, mask, L = padded(reqs[:B], extra, vocab, dev, B)
-            t_short = timed_generate(hf, ids, mask, 8, pad)
-            t_long = timed_generate(hf, ids, mask, 8 + a.steps, pad)
+            if extra == 0: timed_generate(hf, ids, mask, 2, pad)  # warm-up at this batch size (kernels, allocator)
+            t_short = timed_generate(hf, ids, mask, 8, pad, a.repeats)
+            t_long = timed_generate(hf, ids, mask, 8 + a.steps, pad, a.repeats)
             step = (t_long - t_short) / a.steps
             prefill = t_short - 7 * step  # the prefill (with its first token) of a batch of this size and context
             pts.append((L + 8 + a.steps / 2, step, L, prefill))
@@ -80,14 +101,13 @@ def main():
         for i in range(0, len(reqs), B):
             batch = reqs[i:i + B]
             L, T = max(len(r.prompt_token_ids) for r in batch), max(r.output_len for r in batch)
-            ctx = L + np.arange(T)
+            ctx = L + np.arange(1, T)  # the prefill makes the first token; T - 1 decode steps follow
             total += float(np.sum(s0 + slope * (ctx - c0)))
             total += p0 + (p1 - p0) * (L - L0) / (L1 - L0)  # the batch's prefill, linear in its length
             n_steps += T
         res['predicted'][B] = dict(seconds=total, steps=n_steps, output_tokens_per_s=w.num_output_tokens / total)
         print(f'batch {B}: predicted {total:.0f} s for {n_steps} steps, {w.num_output_tokens / total:.1f} output tok/s', flush=True)
-    for kv in filter(None, a.check.split(',')):
-        B, s = kv.split('='); B, s = int(B), float(s)
+    for B, s in measured_runs(a.check, w).items():
         if B in res['predicted']:
             res['predicted'][B]['measured_seconds'] = s
             print(f'batch {B}: measured {s:.0f} s, predicted {res["predicted"][B]["seconds"]:.0f} s '

@@ -193,15 +193,16 @@ def run_hf(model, workload: BenchWorkload, batch_size: int, pad_token_id: int = 
         def __call__(self, input_ids, scores, **kwargs):
             bar.update(1); return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
     load0 = _load(); _sync(dev); t0 = time.perf_counter()
-    for i in batches:
-        batch = reqs[i:i + batch_size]
-        L, T = max(len(r.prompt_token_ids) for r in batch), max(r.output_len for r in batch)
-        ids = torch.tensor([[pad_token_id] * (L - len(r.prompt_token_ids)) + r.prompt_token_ids for r in batch], device=dev)
-        mask = torch.tensor([[0] * (L - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in batch], device=dev)
-        seqs = model.generate(ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False, pad_token_id=pad_token_id,
-                              stopping_criteria=[StepBar()])
-        outs += [s[:r.output_len] for s, r in zip(seqs[:, L:].tolist(), batch)]  # only the tokens each request asked for
-    _sync(dev); dt = time.perf_counter() - t0; bar.close()
+    with bar:
+        for i in batches:
+            batch = reqs[i:i + batch_size]
+            L, T = max(len(r.prompt_token_ids) for r in batch), max(r.output_len for r in batch)
+            ids = torch.tensor([[pad_token_id] * (L - len(r.prompt_token_ids)) + r.prompt_token_ids for r in batch], device=dev)
+            mask = torch.tensor([[0] * (L - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in batch], device=dev)
+            seqs = model.generate(ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False,
+                                  pad_token_id=pad_token_id, stopping_criteria=[StepBar()])
+            outs += [s[:r.output_len] for s, r in zip(seqs[:, L:].tolist(), batch)]  # only the tokens each request asked for
+        _sync(dev); dt = time.perf_counter() - t0
     m = _rates(dt, workload, sum(map(len, outs))) | dict(load_avg=[load0, _load()])
     m.update(backend='hf', batch_size=batch_size, steps=steps,
              static_batch_efficiency=static_batch_efficiency([r.output_len for r in reqs], batch_size))
