@@ -13,6 +13,8 @@ and greedy sampling as in the throughput benchmark. On a GPU, `to_device` and th
 graph path (`_decode_with_graph`), whose host side this script cannot time; everything else runs the same code.
 With --cprofile N, the N functions with the most own time over the timed steps (cProfile: its overhead inflates
 small functions, so read it as a ranking, not as times).
+Each mode's row also has `cpu_probe_ms`, a fixed pure-Python workload timed before and after its steps: the host's
+speed then, so that a slow host can be told from a slow change.
 """
 import argparse, cProfile, io, json, pstats, statistics, time
 from collections import defaultdict
@@ -24,7 +26,7 @@ from paged_infer import model_runner as mr
 from paged_infer.benchmark import make_random_model, machine_info
 from paged_infer.engine import LLMEngine
 from paged_infer.sampling_params import RequestOutputKind, SamplingParams
-from profile_step import timed  # (kernels/ is on the path when this script runs)
+from profile_step import cpu_probe_ms, timed  # (kernels/ is on the path when this script runs)
 
 TINY = dict(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             vocab_size=4096)
@@ -59,9 +61,10 @@ def main():
         saved = [(o, k, getattr(o, k)) for o, k in patches]
         names = {'from_params': 'sampling_batch', 'forward': 'model_forward'}
         for o, k, f in saved: setattr(o, k, timed(t, names.get(k, k), f))
-        steps = []
+        steps, probe = [], [cpu_probe_ms()]
         for _ in range(a.steps):
             t0 = time.perf_counter(); eng.step(); steps.append(time.perf_counter() - t0)
+        probe.append(cpu_probe_ms())
         for o, k, f in saved: setattr(o, k, f)
         prof = None
         if a.cprofile:
@@ -72,7 +75,7 @@ def main():
         med = lambda xs: statistics.median(xs) * 1e3 if xs else 0.0
         ph = {k: med(v) for k, v in t.items()}
         device_like = ph.get('model_forward', 0) + ph.get('compute_logits', 0)  # what a GPU would run
-        row = dict(mode=mode, step_ms=med(steps), phases_ms=ph, host_ms=med(steps) - device_like,
+        row = dict(mode=mode, step_ms=med(steps), phases_ms=ph, host_ms=med(steps) - device_like, cpu_probe_ms=probe,
                    running=sum(len(gr.seqs) for gr in eng.scheduler.running))
         print(json.dumps(row), flush=True)
         if prof: print(prof)

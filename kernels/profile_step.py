@@ -17,6 +17,8 @@ sampler's kernels (timed the same way, on the step's own sampling batch) counted
 ask for their output only when finished (RequestOutputKind.FINAL_ONLY), as in the throughput benchmark. With
 --trace, the torch profiler's top kernels of 5 graph replays and of 5 eager forwards of the same batch are written
 to kernels_<shape>.txt in that folder.
+Each mode's row also has `cpu_probe_ms`, a fixed pure-Python workload timed before and after its steps: the host's
+speed then, so that a slow host can be told from a slow change.
 """
 import argparse, gc, json, statistics, time
 from collections import defaultdict
@@ -38,6 +40,18 @@ def copy_bandwidth() -> float:
     for _ in range(20): y.copy_(x)
     e.record(); torch.cuda.synchronize()
     return 2 * 2**30 * 20 / (s.elapsed_time(e) / 1e3)  # bytes read + written per second
+
+
+def cpu_probe_ms(reps: int = 5) -> float:
+    "Median ms of a fixed pure-Python workload (attribute writes, dict stores, over 256 objects, 40 times): how fast the host runs Python right now, to tell a slow host from a slow change (session 7 saw one machine's host phases at half speed, then full)."
+    class Row: __slots__ = ('a', 'b')
+    rows, ts = [Row() for _ in range(256)], []
+    for _ in range(reps):
+        t0, d = time.perf_counter(), {}
+        for _ in range(40):
+            for i, o in enumerate(rows): o.a = i; o.b = o.a + 1; d[i] = o.b
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
 
 
 def timed(table, key, fn):
@@ -80,11 +94,12 @@ def main():
                        (eng, '_postprocess'), ((r, 'sampling_batch') if hasattr(r, 'sampling_batch') else (mr.SamplingBatch, 'from_params')), (mr.StepFuture, 'result')]
             saved = [(o, k, getattr(o, k)) for o, k in patches]
             for o, k, f in saved: setattr(o, k, timed(t, {'from_params': 'sampling_batch', 'result': 'wait'}.get(k, k), f))
-            steps = []
+            steps, probe = [], [cpu_probe_ms()]
             for _ in range(a.steps):
                 t0 = time.perf_counter(); eng.step(); steps.append(time.perf_counter() - t0)
+            probe.append(cpu_probe_ms())
             for o, k, f in saved: setattr(o, k, f)
-            rows.append((name, mode, steps, t))
+            rows.append((name, mode, steps, t, probe))
         eng.config.async_scheduling = False; eng.step()  # nothing in flight
         # the graph alone, replayed back to back
         bs = next(b for b in r.graphs.sizes if b >= a.batch)
@@ -127,9 +142,9 @@ def main():
         floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
         med = lambda xs: statistics.median(xs) * 1e3 if xs else 0.0
         gpu_ms = replay_ms + logits_ms  # the model's GPU time: the graph (layers) and the LM head (outside it)
-        for shape, mode, steps, t in rows:
+        for shape, mode, steps, t, probe in rows:
             if shape != name: continue
-            row = dict(shape=name, mode=mode, step_ms=med(steps), phases_ms={k: med(v) for k, v in t.items()}, graph_replay_ms=replay_ms,
+            row = dict(shape=name, mode=mode, step_ms=med(steps), phases_ms={k: med(v) for k, v in t.items()}, cpu_probe_ms=probe, graph_replay_ms=replay_ms,
                        logits_ms=logits_ms, gpu_ms=gpu_ms, floor_ms=floor_ms, weight_GB=weight_bytes / 1e9, kv_GB=kv_bytes / 1e9,
                        gpu_over_floor=gpu_ms / floor_ms, step_over_floor=med(steps) / floor_ms, host_share=1 - gpu_ms / med(steps),
                        sampler_gpu_ms=sampler_ms,
