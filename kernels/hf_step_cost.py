@@ -13,7 +13,9 @@ points (and beyond). The predicted time of a full run at batch size B is the sum
 of the step time at that step's context (the batch's L plus the tokens generated so far), plus each batch's prefill
 (measured too). Each time is the median of `--repeats` generations, after one warm-up generation at that batch
 size. `--check` puts measured full runs beside the predictions: result files of `bench throughput` on the same
-workload (their HF entries), or `B=seconds` pairs.
+workload (their HF entries), or `B=seconds` pairs. With --no-padding the prompts of a batch are filled up to one
+length with random tokens instead of padded: HF's step without its attention mask (what the padding costs it; the
+prediction then stands for a workload whose batches need no padding).
 """
 import argparse, json, statistics, sys, time
 from pathlib import Path
@@ -51,10 +53,12 @@ def measured_runs(check: str, workload) -> dict:
     return out
 
 
-def padded(reqs, extra, vocab, dev, seed):
+def padded(reqs, extra, vocab, dev, seed, pad=True):
+    "The requests' prompts (+ `extra` random tokens each), left-padded to the longest; with pad=False the shorter ones are filled up with random tokens instead (no padding: transformers then drops the mask and takes SDPA's grouped-query path)."
     g = torch.Generator().manual_seed(seed)
     prompts = [r.prompt_token_ids + torch.randint(100, vocab, (extra,), generator=g).tolist() for r in reqs]
     L = max(map(len, prompts))
+    if not pad: prompts = [torch.randint(100, vocab, (L - len(p),), generator=g).tolist() + p for p in prompts]
     ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts], device=dev)
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=dev)
     return ids, mask, L
@@ -68,6 +72,7 @@ def main():
     ap.add_argument('--batch-sizes', default='16,32,64'); ap.add_argument('--extra', type=int, default=1024)
     ap.add_argument('--steps', type=int, default=32); ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--check', default='', help='comma-separated: bench result files, or B=seconds')
+    ap.add_argument('--no-padding', action='store_true', help='fill prompts to the batch length with random tokens instead of padding')
     ap.add_argument('--device', default='cuda'); ap.add_argument('--out', default='hf_step_cost.json')
     a = ap.parse_args()
     folder = a.model or make_random_model(a.shape, tokenizer_folder=a.tokenizer, dtype='bfloat16', max_model_len=8192, seed=0)
@@ -78,12 +83,12 @@ def main():
     import transformers
     res = dict(command=' '.join(sys.argv), shape=a.shape, workload=w.summary(), torch=torch.__version__,
                transformers=transformers.__version__, device=torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu',
-               extra=a.extra, steps=a.steps, repeats=a.repeats, points=[], predicted={})
+               extra=a.extra, steps=a.steps, repeats=a.repeats, padding=not a.no_padding, points=[], predicted={})
     fits = {}  # batch size -> (step s at context c0, c0, its growth per context token, prefill s at L0 and L1, L0, L1)
     for B in map(int, a.batch_sizes.split(',')):
         pts = []
         for extra in (0, a.extra):
-            ids, mask, L = padded(reqs[:B], extra, vocab, dev, B)
+            ids, mask, L = padded(reqs[:B], extra, vocab, dev, B, pad=not a.no_padding)
             if extra == 0: timed_generate(hf, ids, mask, 2, pad)  # warm-up at this batch size (kernels, allocator)
             t_short = timed_generate(hf, ids, mask, 8, pad, a.repeats)
             t_long = timed_generate(hf, ids, mask, 8 + a.steps, pad, a.repeats)
