@@ -81,7 +81,7 @@ def main():
     w = make_workload(a.workload, a.num_requests, vocab_size=vocab)
     reqs = w.requests
     import transformers
-    res = dict(command=' '.join(sys.argv), shape=a.shape, workload=w.summary(), torch=torch.__version__,
+    res = dict(command=' '.join(sys.argv), model=str(a.model) if a.model else a.shape, workload=w.summary(), torch=torch.__version__,
                transformers=transformers.__version__, device=torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu',
                extra=a.extra, steps=a.steps, repeats=a.repeats, padding=not a.no_padding, points=[], predicted={})
     fits = {}  # batch size -> (step s at context c0, c0, its growth per context token, prefill s at L0 and L1, L0, L1)
@@ -100,6 +100,10 @@ def main():
             Path(a.out).write_text(json.dumps(res, indent=1))
         (c0, s0, L0, p0), (c1, s1, L1, p1) = pts
         slope = (s1 - s0) / (c1 - c0)
+        if slope <= 0:  # a step cannot get cheaper with more context: the two points are within their noise
+            print(f'batch {B}: step time fell with context ({s0 * 1e3:.1f} -> {s1 * 1e3:.1f} ms): noise; taking it as flat '
+                  f'at their mean (more --repeats would settle it)', flush=True)
+            s0, slope = (s0 + s1) / 2, 0.0
         fits[B] = (s0, c0, slope, p0, p1, L0, L1)
     for B, (s0, c0, slope, p0, p1, L0, L1) in fits.items():
         total, n_steps = 0.0, 0
@@ -109,9 +113,9 @@ def main():
             ctx = L + np.arange(1, T)  # the prefill makes the first token; T - 1 decode steps follow
             total += float(np.sum(s0 + slope * (ctx - c0)))
             total += p0 + (p1 - p0) * (L - L0) / (L1 - L0)  # the batch's prefill, linear in its length
-            n_steps += T
-        res['predicted'][B] = dict(seconds=total, steps=n_steps, output_tokens_per_s=w.num_output_tokens / total)
-        print(f'batch {B}: predicted {total:.0f} s for {n_steps} steps, {w.num_output_tokens / total:.1f} output tok/s', flush=True)
+            n_steps += T - 1
+        res['predicted'][B] = dict(seconds=total, decode_steps=n_steps, output_tokens_per_s=w.num_output_tokens / total)
+        print(f'batch {B}: predicted {total:.0f} s for {n_steps} decode steps (and a prefill a batch), {w.num_output_tokens / total:.1f} output tok/s', flush=True)
     for B, s in measured_runs(a.check, w).items():
         if B in res['predicted']:
             res['predicted'][B]['measured_seconds'] = s

@@ -43,12 +43,12 @@ def copy_bandwidth() -> float:
 
 
 def cpu_probe_ms(reps: int = 5) -> float:
-    "Median ms of a fixed pure-Python workload (attribute writes, dict stores, over 256 objects, 40 times): how fast the host runs Python right now, to tell a slow host from a slow change (session 7 saw one machine's host phases at half speed, then full)."
+    "Median ms of a fixed pure-Python workload (attribute writes, dict stores, over 256 objects, 200 times: ~2 ms): how fast the host runs Python right now, to tell a slow host from a slow change (session 7 saw one machine's host phases at half speed, then full)."
     class Row: __slots__ = ('a', 'b')
     rows, ts = [Row() for _ in range(256)], []
     for _ in range(reps):
         t0, d = time.perf_counter(), {}
-        for _ in range(40):
+        for _ in range(200):
             for i, o in enumerate(rows): o.a = i; o.b = o.a + 1; d[i] = o.b
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
