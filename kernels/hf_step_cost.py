@@ -23,11 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paged_infer.benchmark import load_hf_model, make_random_model, make_workload
-
-
-def sync(dev):
-    if dev.type == 'cuda': torch.cuda.synchronize()
+from paged_infer.benchmark import _sync as sync, left_padded, load_hf_model, make_random_model, make_workload
 
 
 def timed_generate(hf, ids, mask, n, pad, repeats=1):
@@ -53,15 +49,13 @@ def measured_runs(check: str, workload) -> dict:
     return out
 
 
-def padded(reqs, extra, vocab, dev, seed, pad=True):
+def padded(reqs, extra, vocab, dev, seed, pad=True, pad_id=0):
     "The requests' prompts (+ `extra` random tokens each), left-padded to the longest; with pad=False the shorter ones are filled up with random tokens instead (no padding: transformers then drops the mask and takes SDPA's grouped-query path)."
     g = torch.Generator().manual_seed(seed)
     prompts = [r.prompt_token_ids + torch.randint(100, vocab, (extra,), generator=g).tolist() for r in reqs]
     L = max(map(len, prompts))
     if not pad: prompts = [torch.randint(100, vocab, (L - len(p),), generator=g).tolist() + p for p in prompts]
-    ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts], device=dev)
-    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=dev)
-    return ids, mask, L
+    return left_padded(prompts, pad_id, dev)
 
 
 def main():
@@ -88,7 +82,7 @@ def main():
     for B in map(int, a.batch_sizes.split(',')):
         pts = []
         for extra in (0, a.extra):
-            ids, mask, L = padded(reqs[:B], extra, vocab, dev, B, pad=not a.no_padding)
+            ids, mask, L = padded(reqs[:B], extra, vocab, dev, B, pad=not a.no_padding, pad_id=pad)
             if extra == 0: timed_generate(hf, ids, mask, 2, pad)  # warm-up at this batch size (kernels, allocator)
             t_short = timed_generate(hf, ids, mask, 8, pad, a.repeats)
             t_long = timed_generate(hf, ids, mask, 8 + a.steps, pad, a.repeats)

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['WORKLOADS', 'TOKEN_ID_LOW', 'SHAPES', 'TOKENIZER_FILES', 'BACKENDS', 'WorkloadError', 'BenchRequest', 'BenchWorkload',
            'make_workload', 'UnknownShapeError', 'random_model_dir', 'make_random_model', 'static_batch_occupancy',
-           'static_batch_efficiency', 'load_hf_model', 'run_hf', 'bench_params', 'warm_up', 'run_engine',
+           'static_batch_efficiency', 'load_hf_model', 'left_padded', 'run_hf', 'bench_params', 'warm_up', 'run_engine',
            'latency_stats', 'run_latency', 'RequestRecord', 'poisson_arrivals', 'run_serving', 'serving_metrics',
            'serving_benchmark', 'machine_info', 'write_result', 'agreed_prefix', 'throughput_benchmark',
            'format_throughput', 'engine_config_from_args', 'workload_from_args', 'cmd_bench_throughput',
@@ -181,6 +181,13 @@ def load_hf_model(model=None, dtype: str = 'auto', device: str | None = 'auto'):
     return hf
 
 # %% ../nbs/17_benchmarks.ipynb #a723a3ad
+def left_padded(prompts: list, pad_token_id: int, device) -> tuple:
+    "Prompts as one left-padded batch, as static batching runs them: (ids, attention mask, length), on `device`."
+    L = max(map(len, prompts))
+    ids = torch.tensor([[pad_token_id] * (L - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask, L
+
 @torch.inference_mode()
 def run_hf(model, workload: BenchWorkload, batch_size: int, pad_token_id: int = 0, progress: bool = True) -> tuple:
     "Hugging Face `generate` on `workload` in static, left-padded batches of `batch_size`, greedy: (metrics, output ids per request)."
@@ -196,9 +203,8 @@ def run_hf(model, workload: BenchWorkload, batch_size: int, pad_token_id: int = 
     with bar:
         for i in batches:
             batch = reqs[i:i + batch_size]
-            L, T = max(len(r.prompt_token_ids) for r in batch), max(r.output_len for r in batch)
-            ids = torch.tensor([[pad_token_id] * (L - len(r.prompt_token_ids)) + r.prompt_token_ids for r in batch], device=dev)
-            mask = torch.tensor([[0] * (L - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in batch], device=dev)
+            ids, mask, L = left_padded([r.prompt_token_ids for r in batch], pad_token_id, dev)
+            T = max(r.output_len for r in batch)
             seqs = model.generate(ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T, do_sample=False,
                                   pad_token_id=pad_token_id, stopping_criteria=[StepBar()])
             outs += [s[:r.output_len] for s, r in zip(seqs[:, L:].tolist(), batch)]  # only the tokens each request asked for

@@ -310,22 +310,20 @@ def paged_attention_triton(q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
 
 # %% ../nbs/15_kernels.ipynb #843e69ae
 def compile_attention_kernels(k_cache: torch.Tensor, v_cache: torch.Tensor,  # one layer's pool (num_blocks, block_size, kv_heads, head_dim)
-                              num_heads: int, max_splits: int = 64) -> int:
-    "Launch each attention kernel variant the engine can pick (decode with 1, 2, 4 .. `max_splits` splits, prefill with each tile) once, reading block 0 only: Triton compiles them now, not in a step. Returns the launches."
+                              num_heads: int, max_splits: int = 64):
+    "Launch each attention kernel variant the engine can pick (decode with 1, 2, 4 .. `max_splits` splits, prefill with each tile) once, reading block 0 only: Triton compiles them now, not in a step."
     _check_cache(k_cache, v_cache)
     _, BS, Hkv, D = k_cache.shape
-    dev, launches, splits = k_cache.device, 0, 1
+    dev, splits = k_cache.device, 1
     q = torch.zeros(1, num_heads, D, dtype=k_cache.dtype, device=dev)
     while splits <= max_splits:
         L = splits * 64  # 64-position tiles (the decode default): exactly `splits` splits
         table, lens = torch.zeros(1, cdiv(L, BS), dtype=torch.int32, device=dev), torch.tensor([L], dtype=torch.int32, device=dev)
         paged_decode_attention(q, k_cache, v_cache, table, lens, 1.0, max_seq_len=L, num_splits=splits)
-        splits, launches = splits * 2, launches + 1
+        splits *= 2
     meta = build_metadata([[0] * cdiv(2, BS)], [0], [2], BS, dev)  # one two-token prefill in block 0 (twice, if a block holds one token)
     for block_m, block_n, num_warps in PREFILL_TILES:
         paged_prefill_attention(q.expand(2, -1, -1).contiguous(), k_cache, v_cache, meta, 1.0, block_m=block_m, block_n=block_n, num_warps=num_warps)
-        launches += 1
-    return launches
 
 # %% ../nbs/15_kernels.ipynb #fb9a586c
 @triton.jit

@@ -180,8 +180,7 @@ def sampling_batch(self: ModelRunner, sampled: list) -> SamplingBatch:
             else s.output_token_ids for s in sampled]
     batch = SamplingBatch.from_params([s.params for s in sampled], [s.prompt_token_ids for s in sampled], outs,
                                       self.config.vocab_size, self.eos_token_id, [s.generator for s in sampled], self.device)
-    steady = batch.output_counts is None and batch.min_tokens_mask is None and not batch.processors and \
-        not any(s.params.use_beam_search for s in sampled)  # (beams change num_logprobs, below)
+    steady = not batch.depends_on_outputs and not any(s.params.use_beam_search for s in sampled)  # (beams change num_logprobs, below)
     self.last_sampling = (sampled, batch) if steady else None
     return batch
 
