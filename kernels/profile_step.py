@@ -9,7 +9,9 @@ waiting for every step (sync), then with async scheduling (the next step schedul
 runs), and each phase of a step is timed with perf_counter: scheduling, building the sampling batch, building the
 flat batch and replaying the graph (`_decode_with_graph`, the host's side of it), the logits, the sampler (launches),
 the wait for the sampled tokens (`wait`: where the host idles while the GPU works), and the engine's postprocessing
-(bookkeeping, detokenization, outputs). Sampling is greedy, as in the throughput benchmark. Separately, the graph
+(bookkeeping, detokenization, outputs). A mode `multiK` (e.g. `multi8`) is async scheduling with K decode steps per
+launch (multi-step, `num_scheduler_steps`): its step time is a call's time over the decode steps it launched, its
+phases are per call (one schedule and postprocess, K logits and samplers, K - 1 `advance`s of the graph's inputs). Sampling is greedy, as in the throughput benchmark. Separately, the graph
 of the batch is replayed back to back with CUDA events around it: the GPU's own time for the model, against the
 memory-bandwidth floor (weight bytes + KV bytes read, over the copy bandwidth measured in the same run). The host's
 share of a step is 1 - GPU time / step time: the part of the step the GPU is not working on the model; with the
@@ -87,16 +89,19 @@ def main():
                                            output_kind=RequestOutputKind.FINAL_ONLY))  # as the throughput benchmark
         while eng.scheduler.waiting or any(s.num_tokens == s.num_prompt_tokens for gr in eng.scheduler.running for s in gr.seqs): eng.step()
         for mode in a.modes.split(','):
-            eng.config.async_scheduling = mode == 'async'
+            eng.config.async_scheduling = mode != 'sync'
+            eng.config.num_scheduler_steps = int(mode[5:]) if mode.startswith('multi') else 1  # 'multi8': async, 8 steps a launch
             for _ in range(3): eng.step()  # settle into the mode
             t = defaultdict(list)
-            patches = [(eng.scheduler, 'schedule'), (r, '_decode_with_graph'), (r.model, 'compute_logits'), (r, 'sampler'),
+            patches = [(eng.scheduler, 'schedule'), (r, '_decode_with_graph'), (r.model, 'compute_logits'), (r, 'sampler'), (r.graphs, 'advance'),
                        (eng, '_postprocess'), ((r, 'sampling_batch') if hasattr(r, 'sampling_batch') else (mr.SamplingBatch, 'from_params')), (mr.StepFuture, 'result')]
             saved = [(o, k, getattr(o, k)) for o, k in patches]
             for o, k, f in saved: setattr(o, k, timed(t, {'from_params': 'sampling_batch', 'result': 'wait'}.get(k, k), f))
             steps, probe = [], [cpu_probe_ms()]
-            for _ in range(a.steps):
-                t0 = time.perf_counter(); eng.step(); steps.append(time.perf_counter() - t0)
+            for _ in range(a.steps):  # a step() of multi-step launches k decode steps: its time per decode step is recorded
+                t0 = time.perf_counter(); eng.step(); dt = time.perf_counter() - t0
+                f = eng.inflight.out if eng.inflight is not None else None
+                steps.append(dt / (max(f.num_steps) if f is not None and f.num_steps else 1))
             probe.append(cpu_probe_ms())
             for o, k, f in saved: setattr(o, k, f)
             rows.append((name, mode, steps, t, probe))

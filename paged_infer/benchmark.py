@@ -495,6 +495,7 @@ def _add_engine_flags(p):
     g.add_argument('--tensor-parallel-size', '-tp', type=int, default=1, help='ranks (one GPU each) the model is split over (chapter 18)')
     g.add_argument('--async-scheduling', action=argparse.BooleanOptionalAction, default=None,
                    help='schedule step t+1 while step t runs (default: on a GPU without tensor parallelism)')
+    g.add_argument('--num-scheduler-steps', type=int, default=1, help='multi-step: decode steps per schedule, in one launch')
 
 def _add_workload_flags(p, default='sharegpt-like'):
     g = p.add_argument_group('workload')
@@ -527,7 +528,7 @@ def engine_config_from_args(args) -> EngineConfig:
               max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
               enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed)
     kw['enforce_eager'], kw['tensor_parallel_size'] = args.enforce_eager, args.tensor_parallel_size
-    kw['async_scheduling'] = args.async_scheduling
+    kw['async_scheduling'], kw['num_scheduler_steps'] = args.async_scheduling, args.num_scheduler_steps
     return EngineConfig(**kw)
 
 def workload_from_args(args) -> BenchWorkload:

@@ -68,6 +68,8 @@ def add_engine_args(p: argparse.ArgumentParser):
     p.add_argument('--tensor-parallel-size', '-tp', type=int, default=1, help='split the model over this many processes (GPUs): one engine, workers started by it')
     p.add_argument('--async-scheduling', action=argparse.BooleanOptionalAction, default=None,
                    help='schedule and launch the next step while the GPU runs this one (default: on a GPU without tensor parallelism)')
+    p.add_argument('--num-scheduler-steps', type=int, default=1,
+                   help='multi-step: decode steps per schedule, in one launch (fewer host steps per token; streams in chunks)')
 
 def engine_config(args):
     "EngineConfig from parsed flags."
@@ -79,7 +81,7 @@ def engine_config(args):
                         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
                         enable_chunked_prefill=args.enable_chunked_prefill, preemption_mode=args.preemption_mode, seed=args.seed,
                         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
-                        async_scheduling=args.async_scheduling)
+                        async_scheduling=args.async_scheduling, num_scheduler_steps=args.num_scheduler_steps)
 
 def _read_chat_template(value):
     "A chat template given as a file path or inline Jinja text."

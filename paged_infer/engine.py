@@ -20,7 +20,7 @@ from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .model import ModelConfig
 from .model_runner import ModelRunner, graph_batch_sizes, load_model
-from .sampler import Sampler, seeded_generator
+from .sampler import Sampler, SamplerOutput, seeded_generator
 from .sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
@@ -52,6 +52,7 @@ class EngineConfig:
     enforce_eager: bool = False  # on a GPU, never replay decode steps through CUDA graphs
     tensor_parallel_size: int = 1  # ranks (processes, one GPU each) the model is split over (chapter 18)
     async_scheduling: bool | None = None  # schedule and launch step t+1 while step t runs; None: on a GPU without tensor parallelism
+    num_scheduler_steps: int = 1  # multi-step: decode steps run per schedule (one launch), when a step holds decodes alone
 
     def __post_init__(self):
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): raise EngineConfigError(f'block_size {self.block_size}: a power of two up to 128')
@@ -64,6 +65,9 @@ class EngineConfig:
         if self.async_scheduling is None: self.async_scheduling = self.device.startswith('cuda') and self.tensor_parallel_size == 1
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise EngineConfigError('async scheduling is not supported with tensor parallelism (the other ranks need every input token on the host)')
+        if not (isinstance(self.num_scheduler_steps, int) and self.num_scheduler_steps >= 1): raise EngineConfigError('num_scheduler_steps must be an integer >= 1')
+        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
+            raise EngineConfigError('multi-step scheduling is not supported with tensor parallelism (the other ranks need every input token on the host)')
 
 # %% ../nbs/13_engine.ipynb #0b0c53fe
 def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -273,7 +277,7 @@ def step(self: LLMEngine) -> list:
     try:
         overlap = self.config.async_scheduling and not self.sync_only
         if prev is not None and not overlap: outputs += self._finish(prev); prev = None  # the host needs every token first
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(self.config.num_scheduler_steps if not self.sync_only else 1)
         if out.is_empty:
             if prev is not None: outputs += self._finish(prev); prev = None
             return _latest(outputs + [self._output(g) for r in out.preempted if (g := self.groups.get(r)) and _wants_output(g)])
@@ -305,11 +309,14 @@ def has_unfinished_requests(self: LLMEngine) -> bool: return bool(self.groups)
 
 def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
     "Start the step on the device; count its tokens as computed and its samples as pending."
-    sampled, future = self.runner.launch(out.seqs, out.num_new_tokens, out.block_tables, prev.future if prev else None)
+    sampled, future = self.runner.launch(out.seqs, out.num_new_tokens, out.block_tables, prev.future if prev else None, out.num_steps)
     for s, n in zip(out.seqs, out.num_new_tokens):
         if s.num_computed_tokens < s.num_prompt_tokens: self.num_prompt_tokens += min(n, s.num_prompt_tokens - s.num_computed_tokens)
         s.num_computed_tokens += n
-    for s in (future.rows if future is not None else ()): s.num_pending_tokens += 1
+    if out.num_steps is not None:  # multi-step: k steps compute k tokens and sample k
+        for s, k in zip(out.seqs, out.num_steps): s.num_computed_tokens += k - 1; s.num_pending_tokens += k
+    else:
+        for s in (future.rows if future is not None else ()): s.num_pending_tokens += 1
     self._cache_blocks([s for s, n in zip(out.seqs, out.num_new_tokens) if n > 1])  # prompt chunks; decodes fill blocks at _finish
     return InFlight(out, sampled, future)
 
@@ -338,12 +345,12 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
     "After a failed `execute`: fail the requests that fail alone, run the step again for the rest."
     states = _random_states(self, out.seqs)
     by_request = {}
-    for row in zip(out.seqs, out.num_new_tokens, out.block_tables):
+    for row in zip(out.seqs, out.num_new_tokens, out.block_tables, out.num_steps or [1] * len(out.seqs)):
         if row[0].is_finished or row[0].request_id not in self.groups: continue  # it ended in the step before (async)
         by_request.setdefault(row[0].request_id, []).append(row)
     failed = {}
     for rid, rows in by_request.items():
-        try: self.runner.execute(*map(list, zip(*rows)))
+        try: self.runner.execute(*map(list, zip(*(r[:3] for r in rows))))
         except EngineFatalError: raise
         except Exception as e: failed[rid] = e
     if not failed: raise error  # no request fails alone: not one request's fault
@@ -355,7 +362,8 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
         o = self._output(g); o.error = e
         outputs.append(o); self._forget(g)
     keep = [row for rid, rows in by_request.items() if rid not in failed for row in rows]
-    out = dataclasses.replace(out, seqs=[s for s, _, _ in keep], num_new_tokens=[n for _, n, _ in keep], block_tables=[t for _, _, t in keep])
+    out = dataclasses.replace(out, seqs=[s for s, _, _, _ in keep], num_new_tokens=[n for _, n, _, _ in keep],
+                              block_tables=[t for _, _, t, _ in keep], num_steps=out.num_steps and [k for *_, k in keep])
     return outputs + (self._finish(self._launch(out)) if keep else [])
 
 LLMEngine._step_without_culprits = _step_without_culprits
@@ -366,6 +374,7 @@ def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
     toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
     now, beams, ended, n, prev = time.monotonic(), set(), False, len(sampled), None
+    if out.num_steps is not None: ended = self._append_steps(sampled, samples, toks, lps, out.num_steps, now, changed); sampled = ()
     for i, s in enumerate(sampled):  # 2. (a sequence's rows are side by side: several only for a request's first samples)
         if s is prev: continue  # a further row of the sequence before: taken with its first
         prev = s
@@ -411,6 +420,24 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
     return child
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
+
+# %% ../nbs/13_engine.ipynb #3b373b9e
+def _append_steps(self: LLMEngine, sampled: list, samples, toks: list, lps: list, num_steps: list, now: float, changed: set) -> bool:
+    "A multi-step launch's tokens (`toks[j][i]`: step j, row i), each sequence's in order until it finishes; True if one did."
+    ended, views = False, {}
+    view = lambda j: views.get(j) or views.setdefault(j, SamplerOutput(*(t[j] for t in (samples.token_ids, samples.logprobs, samples.top_ids, samples.top_logprobs))))
+    for i, (s, k) in enumerate(zip(sampled, num_steps)):  # (decodes alone, one row each: no forks, no beams)
+        if s.is_finished: continue  # finished (or aborted) while the launch ran: its tokens are dropped
+        g = self.groups[s.request_id]
+        if g.first_token_time is None: g.first_token_time = now
+        for j in range(k):
+            s.num_pending_tokens -= 1
+            self._append(s, view(j) if s.params.logprobs is not None else None, i, toks[j][i], lps[j][i])
+            if s.status is SequenceStatus.FINISHED: ended = True; break  # (finish drops the tokens after it)
+        if _wants_output(g): changed.add(g)
+    return ended
+
+LLMEngine._append_steps = _append_steps
 
 # %% ../nbs/13_engine.ipynb #ddf0040a
 def _append(self: LLMEngine, s: Sequence, samples, i: int, tok: int, lp: float):

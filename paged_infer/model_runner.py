@@ -135,9 +135,10 @@ class ModelRunner:
 
 # %% ../nbs/11_model_runner.ipynb #ce6aaaa3
 class StepFuture:
-    "A launched step's sampled tokens: on the device at once (`tokens`), on the host after `result()`."
+    "A launched step's sampled tokens: on the device at once (`tokens`), on the host after `result()`. A multi-step launch's output has a leading step axis: (K, B)."
     def __init__(self, out: SamplerOutput, sampled: list):
-        self.tokens = out.token_ids  # (B,) on the device: the next step's inputs can be taken from here
+        # (B,) on the device, the last step's: the next step's inputs can be taken from here
+        self.tokens = out.token_ids if out.token_ids.dim() == 1 else out.token_ids[-1]
         n = len(sampled)  # sequence -> its row (the first, for a request's first samples: the later rows are overwritten)
         self.rows = dict(zip(reversed(sampled), range(n - 1, -1, -1)))
         self.ready = None
@@ -152,10 +153,12 @@ class StepFuture:
         return self.host
 
 @torch.inference_mode()
-def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: list, prev: StepFuture | None = None):
-    "Start one step on the device without waiting for it: (the sequences that sample a token, a StepFuture of their tokens, row i = sequence i, or None)."
+def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: list, prev: StepFuture | None = None,
+           num_steps: list | None = None):
+    "Start one step on the device without waiting for it: (the sequences that sample a token, a StepFuture of their tokens, row i = sequence i, or None). `num_steps`: decodes run that many steps each (multi-step, below)."
     host, sampled = self.host_batch(seqs, num_new_tokens, block_tables, prev)
     batch = self.sampling_batch(sampled) if sampled else None  # first: its copy to the GPU then waits for nothing
+    if num_steps is not None: return sampled, self._launch_steps(host, sampled, batch, num_steps, prev)
     if self.graphs is not None and self.graphs.fits(host.query_lens): logits = self._decode_with_graph(host, prev)
     else: logits = self.run_batch(host, sampled, prev)
     if not sampled: return [], None
@@ -195,6 +198,37 @@ def rows_kept(old: list, new: list) -> list | None:
     return rows
 
 ModelRunner.launch, ModelRunner.execute, ModelRunner.sampling_batch = launch, execute, sampling_batch
+
+# %% ../nbs/11_model_runner.ipynb #693dc99a
+from types import SimpleNamespace
+
+def _launch_steps(self: ModelRunner, host: HostBatch, sampled: list, batch: SamplingBatch, num_steps: list,
+                  prev: StepFuture | None = None) -> StepFuture:
+    "Decodes run `num_steps[i]` steps each in one launch, every step fed the one before's tokens on the device; outputs (K, B)."
+    if len(num_steps) != len(host.input_ids) or any(q != 1 for q in host.query_lens) or len(sampled) != len(num_steps):
+        raise ValueError('multi-step runs decodes alone, one sample each, one step count per sequence')
+    if self.peers is not None: raise ValueError('multi-step needs every rank to feed its own tokens: not with tensor parallelism')
+    graphs = self.graphs is not None and self.graphs.fits(host.query_lens)
+    outs = []
+    for j in range(max(num_steps)):
+        if j == 0: logits = self._decode_with_graph(host, prev, num_steps) if graphs else self.run_batch(host, sampled, prev)
+        elif graphs: logits = self.model.compute_logits(self.graphs.advance(j, outs[-1].token_ids))
+        else: logits = self._decode_next(host, num_steps, j, outs[-1].token_ids)
+        outs.append(self.sampler(logits, batch))
+    return StepFuture(SamplerOutput(*(torch.stack(t) for t in zip(*((o.token_ids, o.logprobs, o.top_ids, o.top_logprobs) for o in outs)))), sampled)
+
+def _decode_next(self: ModelRunner, host: HostBatch, num_steps: list, j: int, tokens: torch.Tensor) -> torch.Tensor:
+    "Eager step `j` > 0 of a multi-step launch: the sequences with steps left, fed `tokens`; logits for every row (zeros for the others)."
+    rows = [i for i, k in enumerate(num_steps) if k > j]
+    b = HostBatch([PENDING] * len(rows), [host.positions[i] + j for i in rows], [host.context_lens[i] + j for i in rows],
+                  [1] * len(rows), [host.block_tables[i] for i in rows], list(range(len(rows))), list(enumerate(rows)))
+    logits = self.run_batch(b, prev=SimpleNamespace(tokens=tokens))
+    if len(rows) == len(num_steps): return logits
+    full = logits.new_zeros(len(num_steps), logits.shape[1])
+    full[host_to_device(torch.tensor(rows), self.device)] = logits
+    return full
+
+ModelRunner._launch_steps, ModelRunner._decode_next = _launch_steps, _decode_next
 
 # %% ../nbs/11_model_runner.ipynb #aebd9a0a
 def _pairs(pairs, device):
@@ -272,8 +306,8 @@ class DecodeGraphs:
         dev = next(model.parameters()).device
         self.sizes, self.block_size = sorted(batch_sizes), block_size
         B, W = self.sizes[-1], -(-max_model_len // block_size)
-        self.tokens = torch.zeros(4, B, dtype=torch.long, device=dev)  # rows: token ids, positions, slots, source rows
-        self.tokens[2:] = -1  # padding: no slot; no token to take from the step before
+        self.tokens = torch.zeros(5, B, dtype=torch.long, device=dev)  # rows: token ids, positions, slots, source rows, steps
+        self.tokens[2:] = -1  # padding: no slot; no token to take from the step before; no steps
         self.seq_lens = torch.zeros(B, dtype=torch.int32, device=dev)  # padding: 0, nothing to attend to
         self.block_tables = torch.zeros(B, W, dtype=torch.int32, device=dev)
         qsl = torch.arange(B + 1, dtype=torch.int32, device=dev)
@@ -302,15 +336,16 @@ class DecodeGraphs:
         return len(num_new_tokens) <= self.sizes[-1] and all(n == 1 for n in num_new_tokens)
 
     def run(self, token_ids: list, positions: list, slots: list, seq_lens: list, block_tables: list,
-            pending: list = (), prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        "Replay the graph of the smallest captured size >= the batch; the final hidden states of the real rows. `pending`: (row, row of `prev_tokens`) inputs still on the device."
+            pending: list = (), prev_tokens: torch.Tensor | None = None, num_steps: list | None = None) -> torch.Tensor:
+        "Replay the graph of the smallest captured size >= the batch; the final hidden states of the real rows. `pending`: (row, row of `prev_tokens`) inputs still on the device; `num_steps`: each row's steps, for `advance`."
         n = len(token_ids)
         bs = next(b for b in self.sizes if b >= n)
         self.copied.synchronize()
         toks, lens, tables = self.host_tokens.numpy(), self.host_lens.numpy(), self.host_tables.numpy()
         toks[0, :n], toks[1, :n], toks[2, :n] = token_ids, positions, slots
         toks[:2, n:bs], toks[2:, n:bs], lens[:n], lens[n:bs] = 0, -1, seq_lens, 0
-        toks[3, :n] = -1
+        toks[3, :n], toks[4, :n] = -1, 1 if num_steps is None else num_steps
+        self.last = (n, bs)
         for i, r in pending: toks[3, i] = r
         width, row_table, row_len, row_last = 0, self.row_table, self.row_len, self.row_last
         for i, t in enumerate(block_tables):  # most steps change a sixteenth of the rows (block size 16)
@@ -329,6 +364,20 @@ class DecodeGraphs:
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
 
+    def advance(self, j: int, tokens: torch.Tensor) -> torch.Tensor:
+        "Step `j` > 0 of a multi-step launch: the last `run`'s rows fed `tokens` (the step before's), moved on on the device, replayed."
+        n, bs = self.last
+        ids, pos, slots, steps = self.tokens[0, :bs], self.tokens[1, :bs], self.tokens[2, :bs], self.tokens[4, :bs]
+        ids[:n].copy_(tokens)
+        go = steps > j  # rows with steps left (padding rows have -1)
+        pos.add_(go)  # the others stay where they were: they attend to what is written, and write nothing
+        self.seq_lens[:bs].copy_(torch.where(steps > 0, pos + 1, 0))
+        B, W = self.block_size, self.block_tables.shape[1]
+        block = self.block_tables[:bs].gather(1, (pos // B).clamp(max=W - 1)[:, None])[:, 0]
+        slots.copy_(torch.where(go, block * B + pos % B, -1))
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]
+
 # %% ../nbs/11_model_runner.ipynb #5bdcaefe
 @torch.inference_mode()
 def capture_decode_graphs(self: ModelRunner, batch_sizes: list, max_model_len: int):
@@ -337,12 +386,12 @@ def capture_decode_graphs(self: ModelRunner, batch_sizes: list, max_model_len: i
     if self.peers is not None: raise ValueError('CUDA graphs are not used with tensor parallelism yet (the other ranks would have to capture too)')
     self.graphs = DecodeGraphs(self.model, self.kv_layers, self.block_size, max_model_len, batch_sizes)
 
-def _decode_with_graph(self: ModelRunner, b: HostBatch, prev: StepFuture | None = None):
-    "A decode-only host batch through the graphs: the logits of its sampled rows (or None)."
+def _decode_with_graph(self: ModelRunner, b: HostBatch, prev: StepFuture | None = None, num_steps: list | None = None):
+    "A decode-only host batch through the graphs: the logits of its sampled rows (or None). `num_steps`: the first step of a multi-step launch."
     B = self.block_size
     slots = [t[p // B] * B + p % B for p, t in zip(b.positions, b.block_tables)]
     hidden = self.graphs.run(b.input_ids, b.positions, slots, [p + 1 for p in b.positions], b.block_tables,
-                             b.pending, prev.tokens if prev is not None else None)
+                             b.pending, prev.tokens if prev is not None else None, num_steps)
     if not b.logits_indices: return None
     if b.logits_indices != list(range(len(b.input_ids))): hidden = hidden[host_to_device(torch.tensor(b.logits_indices), self.device)]
     return self.model.compute_logits(hidden)  # (num_sampled, vocab) float32

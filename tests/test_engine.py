@@ -90,9 +90,9 @@ def test_c_chunked_prefill(shared, async_scheduling):
     chunks = []
     orig = eng.runner.launch
 
-    def spy(seqs, n, tables, prev=None):
+    def spy(seqs, n, tables, prev=None, num_steps=None):
         chunks.extend(k for s, k in zip(seqs, n) if k < s.num_uncomputed_tokens)
-        return orig(seqs, n, tables, prev)
+        return orig(seqs, n, tables, prev, num_steps)
     eng.runner.launch = spy
     assert run(eng, shared['prompts'], GREEDY) == shared['refs']
     assert chunks, 'some prompts must have run in chunks'
@@ -199,6 +199,7 @@ def test_random_aborts_leak_nothing(small_engines, data):
     with and without async scheduling."""
     eng = small_engines[data.draw(st.booleans())]
     eng.scheduler.config.preemption_mode = data.draw(st.sampled_from(['recompute', 'swap']))
+    eng.config.num_scheduler_steps = data.draw(st.sampled_from([1, 3]))  # multi-step: several decode steps per schedule
     kinds = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10),
              SamplingParams(best_of=3, n=2, temperature=0.7, max_tokens=8),
              SamplingParams(use_beam_search=True, best_of=3, n=2, temperature=0, max_tokens=6),
@@ -348,9 +349,9 @@ def test_async_step_that_raises_with_a_step_in_flight_loses_nothing(shared):
     ids = [eng.add_request(p[i], SamplingParams(temperature=0, max_tokens=n)) for i, n in ((0, 3), (1, 10), (2, 10))]
     orig, armed = eng.runner.launch, []
 
-    def launch(seqs, n, tables, prev=None):
+    def launch(seqs, n, tables, prev=None, num_steps=None):
         if armed and len(seqs) > 1: armed.clear(); raise RuntimeError('the whole batch fails (out of memory, say)')
-        return orig(seqs, n, tables, prev)
+        return orig(seqs, n, tables, prev, num_steps)
     eng.runner.launch = launch
     short = eng.groups[ids[0]].seqs[0]
     done, raised = {}, 0
@@ -404,3 +405,74 @@ def test_a_steady_sampling_batch_changes_nothing(shared, async_scheduling):
         results.append([summary(o) for o in out]); counts.append(n)
     assert results[0] == results[1]
     assert counts[0]['kept'] > counts[0]['steps'] // 2 and counts[1]['kept'] == 0, counts
+
+
+# Multi-step scheduling (chapters 12, 11, 13): a step of decodes alone runs several times in one launch, each step fed
+# the one before's tokens on the device; the engine appends them afterwards. The outputs are those of one step at a time.
+
+def spy_steps(eng):
+    """Record every launch's num_steps (None: one step)."""
+    launches, orig = [], eng.runner.launch
+    def launch(seqs, n, tables, prev=None, num_steps=None):
+        launches.append(num_steps)
+        return orig(seqs, n, tables, prev, num_steps)
+    eng.runner.launch = launch
+    return launches
+
+
+@ASYNC
+@pytest.mark.parametrize('case', ['mixed', 'recompute', 'swap', 'prefix'])
+def test_multi_step_matches_hf(shared, case, async_scheduling):
+    kw = dict(num_gpu_blocks=14, num_cpu_blocks=64, preemption_mode=case) if case in ('recompute', 'swap') else dict(num_gpu_blocks=128)
+    eng = LLMEngine(async_scheduling=async_scheduling, num_scheduler_steps=4, **kw)
+    launches = spy_steps(eng)
+    if case == 'prefix': assert run(eng, shared['shared_prefix'], GREEDY, stagger=True) == shared['shared_refs']
+    else: assert run(eng, shared['prompts'], GREEDY) == shared['refs']
+    multi = [k for k in launches if k is not None]
+    assert len(multi) > 3 and max(map(max, multi)) == 4, 'decodes ran four steps per launch'
+    if case in ('recompute', 'swap'): assert eng.scheduler.num_preemptions > 0
+
+
+@ASYNC
+def test_multi_step_matches_one_step_on_stops_seeds_and_logprobs(shared, async_scheduling):
+    """eos, stop strings, stop token ids, max_tokens (sequences that end inside a launch), min_tokens (which shortens a
+    launch), logprobs and seeded sampling: the outputs of one step at a time."""
+    p = shared['prompts']
+    kinds = [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0, stop=[' the', '.'], max_tokens=30),
+             SamplingParams(temperature=0, stop_token_ids=[13], max_tokens=30, logprobs=3),
+             SamplingParams(temperature=0.9, seed=7, max_tokens=25), SamplingParams(temperature=0, max_tokens=5),
+             SamplingParams(temperature=0, min_tokens=12, max_tokens=20), SamplingParams(temperature=0.7, top_p=0.9, seed=3, max_tokens=18, logprobs=1),
+             SamplingParams(temperature=0, max_tokens=1), SamplingParams(temperature=0, logit_bias={13: 3.0}, max_tokens=17)]
+    reqs = [(p[i % len(p)], k) for i, k in enumerate(kinds)]
+    one, _ = run_all(LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling), reqs)
+    eng = LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling, num_scheduler_steps=5)
+    launches = spy_steps(eng)
+    many, _ = run_all(eng, reqs)
+    multi = [k for k in launches if k is not None]
+    assert len(multi) >= 5 and any(len(set(k)) > 1 for k in multi), 'multi-step launches, some with a sequence ending inside'
+    for a, b in zip(one, many):
+        (ta, xa, fa, ra, la), = summary(a); (tb, xb, fb, rb, lb), = summary(b)
+        assert (ta, xa, fa, ra) == (tb, xb, fb, rb)
+        if la is not None: assert all(d1.keys() == d2.keys() and all(abs(d1[k] - d2[k]) < 1e-4 for k in d1) for d1, d2 in zip(la, lb))
+    assert {o.outputs[0].finish_reason for o in many} == {'stop', 'length'} and not eng.detoks
+
+
+def test_multi_step_abort_while_a_launch_is_in_flight(shared):
+    p, params = shared['prompts'], SamplingParams(temperature=0, max_tokens=20)
+    alone = [run_all(LLMEngine(num_gpu_blocks=64), [(q, params)])[0][0].outputs[0].token_ids for q in p[:3]]
+    eng = LLMEngine(num_gpu_blocks=64, async_scheduling=True, num_scheduler_steps=4)
+    ids = [eng.add_request(q, params) for q in p[:3]]
+    done = {}
+    while eng.inflight is None or not any(s.num_pending_tokens > 1 for g in eng.scheduler.running for s in g.seqs): eng.step()
+    assert eng.abort(ids[1]) and eng.inflight is not None  # several of its tokens are still on the device
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+    assert ids[1] not in done and [done[ids[0]].outputs[0].token_ids, done[ids[2]].outputs[0].token_ids] == [alone[0], alone[2]]
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
+
+
+def test_num_scheduler_steps_is_checked():
+    from paged_infer.engine import EngineConfigError
+    for bad in (0, -1, 2.5):
+        with pytest.raises(EngineConfigError): EngineConfig(num_scheduler_steps=bad)
