@@ -13,6 +13,9 @@ and greedy sampling as in the throughput benchmark. On a GPU, `to_device` and th
 graph path (`_decode_with_graph`), whose host side this script cannot time; everything else runs the same code.
 With --cprofile N, the N functions with the most own time over the timed steps (cProfile: its overhead inflates
 small functions, so read it as a ranking, not as times).
+A mode `multiK` (e.g. `multi8`) is async scheduling with K decode steps per launch (`num_scheduler_steps`); every
+row has `per_token_ms` (each phase's total over the decode steps run) and `host_ms_per_token` (the steps' time less
+the model's forward and logits, per decode step), which compare the modes per generated token.
 Each mode's row also has `cpu_probe_ms`, a fixed pure-Python workload timed before and after its steps: the host's
 speed then, so that a slow host can be told from a slow change.
 """
@@ -46,7 +49,8 @@ def main():
     res = dict(kind='host_profile', machine=machine_info(), batch=a.batch, context=a.context, steps=a.steps, model=TINY, modes=[])
     for mode in a.modes.split(','):
         eng = LLMEngine(model=str(folder), device='cpu', max_num_seqs=a.batch, max_num_batched_tokens=8192, max_model_len=4096,
-                        kv_cache_memory_gb=0.5, async_scheduling=mode == 'async')
+                        kv_cache_memory_gb=0.5, async_scheduling=mode != 'sync',
+                        num_scheduler_steps=int(mode[5:]) if mode.startswith('multi') else 1)  # 'multi8': async, 8 steps a launch
         r, V = eng.runner, eng.model.config.vocab_size
         g = torch.Generator().manual_seed(0)
         for i in range(a.batch):
@@ -61,9 +65,11 @@ def main():
         saved = [(o, k, getattr(o, k)) for o, k in patches]
         names = {'from_params': 'sampling_batch', 'forward': 'model_forward'}
         for o, k, f in saved: setattr(o, k, timed(t, names.get(k, k), f))
-        steps, probe = [], [cpu_probe_ms()]
+        steps, probe, decode_steps = [], [cpu_probe_ms()], 0
         for _ in range(a.steps):
             t0 = time.perf_counter(); eng.step(); steps.append(time.perf_counter() - t0)
+            f = eng.inflight.out if eng.inflight is not None else None  # (sync: the step just run is gone; one step)
+            decode_steps += max(f.num_steps) if f is not None and f.num_steps else 1
         probe.append(cpu_probe_ms())
         for o, k, f in saved: setattr(o, k, f)
         prof = None
@@ -75,8 +81,11 @@ def main():
         med = lambda xs: statistics.median(xs) * 1e3 if xs else 0.0
         ph = {k: med(v) for k, v in t.items()}
         device_like = ph.get('model_forward', 0) + ph.get('compute_logits', 0)  # what a GPU would run
+        per_token = {k: sum(v) * 1e3 / decode_steps for k, v in t.items()}  # each phase's total over the decode steps run
         row = dict(mode=mode, step_ms=med(steps), phases_ms=ph, host_ms=med(steps) - device_like, cpu_probe_ms=probe,
-                   running=sum(len(gr.seqs) for gr in eng.scheduler.running))
+                   running=sum(len(gr.seqs) for gr in eng.scheduler.running), decode_steps=decode_steps,
+                   per_token_ms=per_token, step_ms_per_token=sum(steps) * 1e3 / decode_steps,
+                   host_ms_per_token=(sum(steps) * 1e3 - sum(sum(t.get(k, [])) * 1e3 for k in ('model_forward', 'compute_logits'))) / decode_steps)
         print(json.dumps(row), flush=True)
         if prof: print(prof)
         res['modes'].append(row | dict(cprofile=prof))

@@ -104,22 +104,27 @@ def main():
                 steps.append(dt / (max(f.num_steps) if f is not None and f.num_steps else 1))
             probe.append(cpu_probe_ms())
             for o, k, f in saved: setattr(o, k, f)
-            rows.append((name, mode, steps, t, probe))
-        eng.config.async_scheduling = False; eng.step()  # nothing in flight
-        # the graph alone, replayed back to back
+            # the graph alone, replayed back to back, and the LM head: the GPU's time at this mode's context (each mode's
+            # steps make the contexts longer: a multi-step mode runs k times as many decode steps)
+            live = [q for grp in eng.scheduler.running for q in grp.seqs]
+            ctx_now = statistics.mean(q.num_tokens for q in live)
+            eng.config.async_scheduling = False; eng.config.num_scheduler_steps = 1; eng.step()  # nothing in flight
+            gr = r.graphs.graphs[next(b for b in r.graphs.sizes if b >= a.batch)]
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            torch.cuda.synchronize(); ev[0].record()
+            for _ in range(20): gr.replay()
+            ev[1].record()
+            h = torch.randn(a.batch, cfg.hidden_size, device='cuda', dtype=torch.bfloat16)
+            with torch.inference_mode():
+                r.model.compute_logits(h); ev[2].record()
+                for _ in range(20): r.model.compute_logits(h)
+                ev[3].record(); torch.cuda.synchronize()
+            rows.append((name, mode, steps, t, probe, ev[0].elapsed_time(ev[1]) / 20, ev[2].elapsed_time(ev[3]) / 20, ctx_now))
+        eng.config.async_scheduling = False; eng.config.num_scheduler_steps = 1; eng.step()  # nothing in flight
         bs = next(b for b in r.graphs.sizes if b >= a.batch)
         gr = r.graphs.graphs[bs]
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(); s.record()
-        for _ in range(20): gr.replay()
-        e.record(); torch.cuda.synchronize()
-        replay_ms = s.elapsed_time(e) / 20
         h = torch.randn(a.batch, cfg.hidden_size, device='cuda', dtype=torch.bfloat16)
-        with torch.inference_mode():
-            r.model.compute_logits(h); torch.cuda.synchronize(); s.record()
-            for _ in range(20): r.model.compute_logits(h)
-            e.record(); torch.cuda.synchronize()
-        logits_ms = s.elapsed_time(e) / 20
         sampler_ms = None  # the sampler's kernels on the step's batch (greedy, as timed above), back to back
         last = getattr(r, 'last_sampling', None)
         if last is not None and len(last[0]) == a.batch:
@@ -141,15 +146,14 @@ def main():
                     torch.cuda.synchronize()
                 table = prof.key_averages().table(sort_by='self_cuda_time_total', row_limit=30, max_name_column_width=90)
                 Path(a.trace, f'kernels_{name}.txt').open('a').write(f'== {name}, batch {a.batch}, {what}, 5 runs ==\n{table}\n')
-        ctx = a.context + (a.steps + 3) * sum(x[0] == name for x in rows)  # about the context during the timed steps (this shape's)
         weight_bytes = sum(p.numel() * p.element_size() for n, p in r.model.named_parameters() if 'embed_tokens' not in n or cfg.tie_word_embeddings)
-        kv_bytes = a.batch * ctx * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
-        floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
         med = lambda xs: statistics.median(xs) * 1e3 if xs else 0.0
-        gpu_ms = replay_ms + logits_ms  # the model's GPU time: the graph (layers) and the LM head (outside it)
-        for shape, mode, steps, t, probe in rows:
+        for shape, mode, steps, t, probe, replay_ms, logits_ms, ctx in rows:
             if shape != name: continue
-            row = dict(shape=name, mode=mode, step_ms=med(steps), phases_ms={k: med(v) for k, v in t.items()}, cpu_probe_ms=probe, graph_replay_ms=replay_ms,
+            kv_bytes = a.batch * ctx * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+            floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
+            gpu_ms = replay_ms + logits_ms  # the model's GPU time: the graph (layers) and the LM head (outside it)
+            row = dict(context=ctx, shape=name, mode=mode, step_ms=med(steps), phases_ms={k: med(v) for k, v in t.items()}, cpu_probe_ms=probe, graph_replay_ms=replay_ms,
                        logits_ms=logits_ms, gpu_ms=gpu_ms, floor_ms=floor_ms, weight_GB=weight_bytes / 1e9, kv_GB=kv_bytes / 1e9,
                        gpu_over_floor=gpu_ms / floor_ms, step_over_floor=med(steps) / floor_ms, host_share=1 - gpu_ms / med(steps),
                        sampler_gpu_ms=sampler_ms,

@@ -372,9 +372,9 @@ LLMEngine._step_without_culprits = _step_without_culprits
 def _postprocess(self: LLMEngine, out, sampled: list, samples) -> list:
     # `changed`: the requests that may have an output (a plain decode row's request only if it wants one now)
     changed = {self.groups[r] for r in out.preempted if r in self.groups}
-    toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
     now, beams, ended, n, prev = time.monotonic(), set(), False, len(sampled), None
-    if out.num_steps is not None: ended = self._append_steps(sampled, samples, toks, lps, out.num_steps, now, changed); sampled = ()
+    if out.num_steps is not None: ended = self._append_steps(sampled, samples, out.num_steps, now, changed); sampled = ()
+    toks, lps = (samples.token_ids.tolist(), samples.logprobs.tolist()) if sampled else ([], [])  # one conversion, not one per row
     for i, s in enumerate(sampled):  # 2. (a sequence's rows are side by side: several only for a request's first samples)
         if s is prev: continue  # a further row of the sequence before: taken with its first
         prev = s
@@ -421,23 +421,41 @@ def _fork(self: LLMEngine, g: SequenceGroup, s: Sequence) -> Sequence:
 
 LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 
-# %% ../nbs/13_engine.ipynb #3b373b9e
-def _append_steps(self: LLMEngine, sampled: list, samples, toks: list, lps: list, num_steps: list, now: float, changed: set) -> bool:
-    "A multi-step launch's tokens (`toks[j][i]`: step j, row i), each sequence's in order until it finishes; True if one did."
+# %% ../nbs/13_engine.ipynb #16295f2a
+def _append_steps(self: LLMEngine, sampled: list, samples, num_steps: list, now: float, changed: set) -> bool:
+    "A multi-step launch's tokens ((K, B) on the host), each sequence's in order until it finishes; True if one did."
+    toks, lps = samples.token_ids.T.tolist(), samples.logprobs.T.tolist()  # row i: sequence i's K tokens
     ended, views = False, {}
     view = lambda j: views.get(j) or views.setdefault(j, SamplerOutput(*(t[j] for t in (samples.token_ids, samples.logprobs, samples.top_ids, samples.top_logprobs))))
     for i, (s, k) in enumerate(zip(sampled, num_steps)):  # (decodes alone, one row each: no forks, no beams)
         if s.is_finished: continue  # finished (or aborted) while the launch ran: its tokens are dropped
         g = self.groups[s.request_id]
         if g.first_token_time is None: g.first_token_time = now
-        for j in range(k):
-            s.num_pending_tokens -= 1
-            self._append(s, view(j) if s.params.logprobs is not None else None, i, toks[j][i], lps[j][i])
-            if s.status is SequenceStatus.FINISHED: ended = True; break  # (finish drops the tokens after it)
+        s.num_pending_tokens -= k  # the host has them now
+        if s.params.logprobs is None and not self.detoks[s.seq_id].stop: self._append_run(s, toks[i][:k], lps[i][:k])
+        else:  # stop strings end it at the token that completes one; logprobs come token by token
+            for j in range(k):
+                self._append(s, view(j) if s.params.logprobs is not None else None, i, toks[i][j], lps[i][j])
+                if s.is_finished: break  # (the tokens after it are dropped)
+        ended = ended or s.is_finished
         if _wants_output(g): changed.add(g)
     return ended
 
-LLMEngine._append_steps = _append_steps
+def _append_run(self: LLMEngine, s: Sequence, toks: list, lps: list):
+    "Append several tokens of `s` at once (no stop strings, no logprobs): `_append`'s stop rules, found in the list."
+    p, d, m0 = s.params, self.detoks[s.seq_id], len(s.output_token_ids)
+    end = min(len(toks), p.max_tokens - m0, self.max_model_len - len(s.prompt_token_ids) - m0)
+    stop, ids = None, p.stop_token_ids if p.ignore_eos or self.runner.eos_token_id is None else p.stop_token_ids + [self.runner.eos_token_id]
+    if ids:
+        for j in range(max(0, p.min_tokens - m0 - 1), end):  # a stop token counts once min_tokens are out
+            if toks[j] in ids: stop, end = toks[j], j + 1; break
+    s.output_token_ids += toks[:end]; s.output_logprobs += lps[:end]; s.cumulative_logprob += sum(lps[:end])
+    self.num_generation_tokens += end
+    d.step(toks[:end - 1] if stop is not None else toks[:end])  # a stop token is not text
+    if stop is not None: d.flush(); s.finish(FinishReason.STOP, stop)
+    elif m0 + end >= p.max_tokens or len(s.prompt_token_ids) + m0 + end >= self.max_model_len: d.flush(); s.finish(FinishReason.LENGTH)
+
+LLMEngine._append_steps, LLMEngine._append_run = _append_steps, _append_run
 
 # %% ../nbs/13_engine.ipynb #ddf0040a
 def _append(self: LLMEngine, s: Sequence, samples, i: int, tok: int, lp: float):

@@ -199,7 +199,7 @@ def rows_kept(old: list, new: list) -> list | None:
 
 ModelRunner.launch, ModelRunner.execute, ModelRunner.sampling_batch = launch, execute, sampling_batch
 
-# %% ../nbs/11_model_runner.ipynb #693dc99a
+# %% ../nbs/11_model_runner.ipynb #7b1ecb74
 from types import SimpleNamespace
 
 def _launch_steps(self: ModelRunner, host: HostBatch, sampled: list, batch: SamplingBatch, num_steps: list,

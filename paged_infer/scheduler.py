@@ -180,14 +180,17 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
     queue, running, tables, L = deque(self.running), [], self.bm.tables, c.max_model_len
     while queue:
         g = queue.popleft()
-        if len(g.seqs) == 1 and budget > 0:  # most steps of most requests: one token to run, its slot in a block it owns
+        if len(g.seqs) == 1 and budget > 0:  # most steps of most requests: one token to run, its slots at hand
             s = g.seqs[0]
-            if s.status is SequenceStatus.RUNNING and s.num_tokens == s.num_computed_tokens + 1 and (
-                    (k := s.num_tokens - tables[s.seq_id].num_tokens + (min(num_steps, room(s, L)) - 1 if num_steps > 1 else 0)) <= 0
-                    or self.bm.append_in_place(s.seq_id, k)):
-                out.seqs.append(s); out.num_new_tokens.append(1); out.block_tables.append(tables[s.seq_id].blocks)
-                running.append(g); budget -= 1
-                continue  # what the general path below would do, in fewer steps
+            if s.status is SequenceStatus.RUNNING and s.num_tokens == s.num_computed_tokens + 1:
+                k = s.num_tokens - tables[s.seq_id].num_tokens + (min(num_steps, room(s, L)) - 1 if num_steps > 1 else 0)
+                grown = k <= 0 or self.bm.append_in_place(s.seq_id, k)  # (most steps: in its own last block)
+                if not grown and self.bm.can_append(s.seq_id, k):  # a new block, free: nobody to preempt
+                    out.blocks_to_copy += self.bm.append_slots(s.seq_id, k); grown = True
+                if grown:
+                    out.seqs.append(s); out.num_new_tokens.append(1); out.block_tables.append(tables[s.seq_id].blocks)
+                    running.append(g); budget -= 1
+                    continue  # what the general path below would do, in fewer steps
         steps = num_steps if num_steps > 1 and self._can_grow(g, num_steps) else 1  # slots ahead never preempt anyone
         while not self._can_grow(g, steps):
             victim = queue.pop() if queue else g
