@@ -356,11 +356,13 @@ def test_cli_serve_logs_pool_and_stops_on_sigterm(tmp_path):
     assert 'KV pool: 64 blocks x 16 tokens = 1024 tokens' in text and 'engine stopped' in text, text
 
 
-def test_async_scheduling_server(offline):
-    """The server over an engine with async scheduling (the GPU default; here on the CPU): greedy answers as the
-    offline engine's, streamed answers as the whole ones, concurrent clients, and a client hanging up mid-stream while
-    the next step is already launched: the pool comes back all free."""
-    engine = AsyncLLMEngine.from_config(EngineConfig(**CFG, async_scheduling=True), max_wait_ms=5)
+@pytest.mark.parametrize('steps', [1, 4], ids=['one-step', 'multi-step'])
+def test_async_scheduling_server(offline, steps):
+    """The server over an engine with async scheduling (the GPU default; here on the CPU), and with four decode steps per
+    schedule (multi-step: tokens stream in bursts): greedy answers as the offline engine's, streamed answers as the
+    whole ones, concurrent clients, and a client hanging up mid-stream while the next step is already launched: the
+    pool comes back all free."""
+    engine = AsyncLLMEngine.from_config(EngineConfig(**CFG, async_scheduling=True, num_scheduler_steps=steps), max_wait_ms=5)
     try:
         with ServerThread(build_app(engine, NAME)) as url:
             c = openai.OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=120)
