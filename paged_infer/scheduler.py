@@ -234,13 +234,15 @@ def _num_steps(self: Scheduler, out: SchedulerOutput, num_steps: int) -> list | 
     if not out.seqs or any(n != 1 for n in out.num_new_tokens): return None
     block, rooms, L, tables = num_steps, [], self.config.max_model_len, self.bm.tables
     for s in out.seqs:
+        if s.num_tokens != s.num_computed_tokens + 1: return None  # a one-token chunk of a longer prompt
         r = room(s, L)
         m = s.num_output_tokens + s.num_pending_tokens
         if m < s.params.min_tokens: block = min(block, s.params.min_tokens - m)  # its end-of-sequence mask holds that long
         cap = tables[s.seq_id].num_tokens - s.num_tokens + 1  # steps its slots allow
         if cap < min(r, block): block = cap  # a sequence that goes on after the launch runs all of its steps
         rooms.append(r)
-    return [min(block, r) for r in rooms] if block > 1 else None
+    steps = [min(block, r) for r in rooms]
+    return steps if max(steps) > 1 else None
 
 def _can_admit(self: Scheduler, seqs) -> bool:
     "Whether all of a request's waiting sequences can get their blocks now (their shared prefix counted once)."
