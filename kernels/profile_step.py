@@ -10,8 +10,8 @@ runs), and each phase of a step is timed with perf_counter: scheduling, building
 flat batch and replaying the graph (`_decode_with_graph`, the host's side of it), the logits, the sampler (launches),
 the wait for the sampled tokens (`wait`: where the host idles while the GPU works), and the engine's postprocessing
 (bookkeeping, detokenization, outputs). A mode `multiK` (e.g. `multi8`) is async scheduling with K decode steps per
-launch (multi-step, `num_scheduler_steps`): its step time is a call's time over the decode steps it launched, its
-phases are per call (one schedule and postprocess, K logits and samplers, K - 1 `advance`s of the graph's inputs). Sampling is greedy, as in the throughput benchmark. Separately, the graph
+launch (multi-step, `num_scheduler_steps`): its step time is a call's time over the decode steps it launched (it runs
+`--steps` decode steps, `--steps` / K calls, like the other modes), its phases are per call (one schedule and postprocess, K logits and samplers, K - 1 `advance`s of the graph's inputs). Sampling is greedy, as in the throughput benchmark. Separately, the graph
 of the batch is replayed back to back with CUDA events around it: the GPU's own time for the model, against the
 memory-bandwidth floor (weight bytes + KV bytes read, over the copy bandwidth measured in the same run). The host's
 share of a step is 1 - GPU time / step time: the part of the step the GPU is not working on the model; with the
@@ -97,8 +97,12 @@ def main():
                        (eng, '_postprocess'), ((r, 'sampling_batch') if hasattr(r, 'sampling_batch') else (mr.SamplingBatch, 'from_params')), (mr.StepFuture, 'result')]
             saved = [(o, k, getattr(o, k)) for o, k in patches]
             for o, k, f in saved: setattr(o, k, timed(t, {'from_params': 'sampling_batch', 'result': 'wait'}.get(k, k), f))
+            k = eng.config.num_scheduler_steps
             steps, probe = [], [cpu_probe_ms()]
-            for _ in range(a.steps):  # a step() of multi-step launches k decode steps: its time per decode step is recorded
+            # a step() of multi-step launches k decode steps: its time per decode step is recorded; a.steps decode steps
+            # in every mode (a.steps // k calls), so each mode's contexts grow alike and the GPU time measured after it
+            # is as far from the window's middle in every mode
+            for _ in range(max(1, a.steps // k)):
                 t0 = time.perf_counter(); eng.step(); dt = time.perf_counter() - t0
                 f = eng.inflight.out if eng.inflight is not None else None
                 steps.append(dt / (max(f.num_steps) if f is not None and f.num_steps else 1))

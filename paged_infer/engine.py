@@ -449,7 +449,8 @@ def _append_run(self: LLMEngine, s: Sequence, toks: list, lps: list):
     if ids:
         for j in range(max(0, p.min_tokens - m0 - 1), end):  # a stop token counts once min_tokens are out
             if toks[j] in ids: stop, end = toks[j], j + 1; break
-    s.output_token_ids += toks[:end]; s.output_logprobs += lps[:end]; s.cumulative_logprob += sum(lps[:end])
+    s.output_token_ids += toks[:end]; s.output_logprobs += lps[:end]
+    for lp in lps[:end]: s.cumulative_logprob += lp  # in order, as `_append` adds them: the same float
     self.num_generation_tokens += end
     d.step(toks[:end - 1] if stop is not None else toks[:end])  # a stop token is not text
     if stop is not None: d.flush(); s.finish(FinishReason.STOP, stop)

@@ -127,13 +127,13 @@ def _slots_missing(self: Scheduler, s: Sequence, steps: int = 1) -> int:
     ahead = min(steps, room(s, self.config.max_model_len)) - 1 if steps > 1 and s.num_uncomputed_tokens == 1 else 0
     return max(0, s.num_tokens + ahead - self.bm.tables[s.seq_id].num_tokens)  # (< 0: slots reserved ahead before)
 
-def _can_grow(self: Scheduler, g: SequenceGroup, steps: int = 1) -> bool:
-    "Whether every running sequence of `g` can get the slots it is missing (counting blocks over the whole group)."
+def _can_grow(self: Scheduler, g: SequenceGroup, steps: int = 1, spare: int = 0) -> bool:
+    "Whether every running sequence of `g` can get the slots it is missing (counting blocks over the whole group), leaving `spare` blocks free."
     need = 0
     for s in g.get_seqs(SequenceStatus.RUNNING):
         t, k = self.bm.tables[s.seq_id], _slots_missing(self, s, steps)
         if k: need += t.blocks_needed(k) + (t.num_tokens % self.bm.block_size != 0 and self.bm.gpu.blocks[t.blocks[-1]].ref_count > 1)
-    return need == 0 or need <= self.bm.num_free_blocks  # (most decode steps need no new block)
+    return need == 0 or need + spare <= self.bm.num_free_blocks  # (most decode steps need no new block)
 
 def _grow(self: Scheduler, g: SequenceGroup, out: SchedulerOutput, steps: int = 1):
     for s in g.get_seqs(SequenceStatus.RUNNING):
@@ -183,15 +183,21 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
         if len(g.seqs) == 1 and budget > 0:  # most steps of most requests: one token to run, its slots at hand
             s = g.seqs[0]
             if s.status is SequenceStatus.RUNNING and s.num_tokens == s.num_computed_tokens + 1:
-                k = s.num_tokens - tables[s.seq_id].num_tokens + (min(num_steps, room(s, L)) - 1 if num_steps > 1 else 0)
-                grown = k <= 0 or self.bm.append_in_place(s.seq_id, k)  # (most steps: in its own last block)
-                if not grown and self.bm.can_append(s.seq_id, k):  # a new block, free: nobody to preempt
-                    out.blocks_to_copy += self.bm.append_slots(s.seq_id, k); grown = True
+                t = tables[s.seq_id]
+                k, ahead = s.num_tokens - t.num_tokens, min(num_steps, room(s, L)) - 1 if num_steps > 1 else 0
+                # its slots: first with those ahead (new blocks only if every later group keeps one for its next
+                # token), else without; in its own last block most steps, else a free new block: nobody preempted
+                grown = False
+                for want, spare in ((k + ahead, len(queue)), (k, 0)) if ahead else ((k, 0),):
+                    if want <= 0 or self.bm.append_in_place(s.seq_id, want): grown = True; break
+                    if self.bm.can_append(s.seq_id, want) and self.bm.num_free_blocks - t.blocks_needed(want) >= spare:
+                        out.blocks_to_copy += self.bm.append_slots(s.seq_id, want); grown = True; break
                 if grown:
                     out.seqs.append(s); out.num_new_tokens.append(1); out.block_tables.append(tables[s.seq_id].blocks)
                     running.append(g); budget -= 1
                     continue  # what the general path below would do, in fewer steps
-        steps = num_steps if num_steps > 1 and self._can_grow(g, num_steps) else 1  # slots ahead never preempt anyone
+        # slots ahead only from blocks no later group needs for its next token: they never preempt anyone
+        steps = num_steps if num_steps > 1 and self._can_grow(g, num_steps, spare=len(queue)) else 1
         while not self._can_grow(g, steps):
             victim = queue.pop() if queue else g
             self._preempt(victim, out)
