@@ -425,8 +425,10 @@ LLMEngine._postprocess, LLMEngine._fork = _postprocess, _fork
 def _append_steps(self: LLMEngine, sampled: list, samples, num_steps: list, now: float, changed: set) -> bool:
     "A multi-step launch's tokens ((K, B) on the host), each sequence's in order until it finishes; True if one did."
     toks, lps = samples.token_ids.T.tolist(), samples.logprobs.T.tolist()  # row i: sequence i's K tokens
-    ended, views = False, {}
-    view = lambda j: views.get(j) or views.setdefault(j, SamplerOutput(*(t[j] for t in (samples.token_ids, samples.logprobs, samples.top_ids, samples.top_logprobs))))
+    ended = False
+    # each step's output as `_append` reads it (its top logprobs), for rows that want logprobs
+    views = [SamplerOutput(*(t[j] for t in (samples.token_ids, samples.logprobs, samples.top_ids, samples.top_logprobs))) for j in range(len(samples.token_ids))] \
+        if any(s.params.logprobs is not None for s in sampled) else None
     for i, (s, k) in enumerate(zip(sampled, num_steps)):  # (decodes alone, one row each: no forks, no beams)
         if s.is_finished: continue  # finished (or aborted) while the launch ran: its tokens are dropped
         g = self.groups[s.request_id]
@@ -435,7 +437,7 @@ def _append_steps(self: LLMEngine, sampled: list, samples, num_steps: list, now:
         if s.params.logprobs is None and not self.detoks[s.seq_id].stop: self._append_run(s, toks[i][:k], lps[i][:k])
         else:  # stop strings end it at the token that completes one; logprobs come token by token
             for j in range(k):
-                self._append(s, view(j) if s.params.logprobs is not None else None, i, toks[i][j], lps[i][j])
+                self._append(s, views[j] if views is not None else None, i, toks[i][j], lps[i][j])
                 if s.is_finished: break  # (the tokens after it are dropped)
         ended = ended or s.is_finished
         if _wants_output(g): changed.add(g)
