@@ -210,6 +210,9 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
     if not ids: raise RequestError('the prompt is empty', 'prompt')
     if not all(isinstance(t, int) and 0 <= t < V for t in ids): raise RequestError(f'prompt token ids must be in [0, {V})', 'prompt')
     params.check_vocab(V)
+    if (k := params.num_seqs_to_sample) > self.config.max_num_seqs:  # its sequences run side by side, or not at all
+        raise RequestError(f'{"best_of" if params.best_of is not None else "n"} ({k}) exceeds max_num_seqs '
+                           f'({self.config.max_num_seqs})', 'best_of' if params.best_of is not None else 'n')
     room = self.max_model_len - len(ids)
     want = params.max_tokens if params.max_tokens is not None else room
     if want > room or room < 1:
@@ -278,6 +281,7 @@ def step(self: LLMEngine) -> list:
         overlap = self.config.async_scheduling and not self.sync_only
         if prev is not None and not overlap: outputs += self._finish(prev); prev = None  # the host needs every token first
         out = self.scheduler.schedule(self.config.num_scheduler_steps if not self.sync_only else 1)
+        if out.ignored: outputs += self._ignored(out.ignored)
         if out.is_empty:
             if prev is not None: outputs += self._finish(prev); prev = None
             return _latest(outputs + [self._output(g) for r in out.preempted if (g := self.groups.get(r)) and _wants_output(g)])
@@ -300,6 +304,20 @@ def step(self: LLMEngine) -> list:
             except Exception: pass  # the device itself failed: the error being raised says so
         self.undelivered = outputs
         raise
+
+def _ignored(self: LLMEngine, groups: list) -> list:
+    "Outputs for requests the scheduler finished because they can never fit the KV cache again: 'length', text so far."
+    now, outputs = time.monotonic(), []
+    for g in groups:
+        for s in g.seqs:
+            if (d := self.detoks.get(s.seq_id)) is not None: d.flush()  # (held-back text goes out, as at any length stop)
+        if g.params.use_beam_search:  # its live beams end here, like beams at max_tokens
+            lp = g.params.length_penalty
+            live = [(_beam_score(s.cumulative_logprob, s.num_output_tokens, lp), s) for s in g.seqs if s.finish_reason is FinishReason.LENGTH]
+            g.hyps = sorted(g.hyps + live, key=lambda h: -h[0])[:g.params.num_seqs_to_sample]
+        g.finished_time = now
+        outputs.append(self._output(g)); self._forget(g)
+    return outputs
 
 def _latest(outputs: list) -> list:
     "One output per request: its latest."
@@ -333,7 +351,7 @@ def _cache_blocks(self: LLMEngine, seqs: list):
         if known < c: c = known
         if (t := tables.get(s.seq_id)) is not None and c // B > len(t.hashes): bm.cache_blocks(s.seq_id, s.token_ids(0, known), c)
 
-LLMEngine.step, LLMEngine.has_unfinished_requests = step, has_unfinished_requests
+LLMEngine.step, LLMEngine.has_unfinished_requests, LLMEngine._ignored = step, has_unfinished_requests, _ignored
 LLMEngine._launch, LLMEngine._finish, LLMEngine._cache_blocks = _launch, _finish, _cache_blocks
 
 # %% ../nbs/13_engine.ipynb #6c2934f2

@@ -83,6 +83,7 @@ class SchedulerOutput:
     blocks_to_swap_out: list = field(default_factory=list)  # (gpu, cpu)
     preempted: list = field(default_factory=list)  # request ids preempted this step
     num_steps: list | None = None  # multi-step: decode steps each sequence runs in this one launch; None: one step
+    ignored: list = field(default_factory=list)  # SequenceGroups finished ('length') because they can never fit the pool again
     @property
     def num_batched_tokens(self) -> int: return sum(self.num_new_tokens)
     @property
@@ -207,22 +208,26 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
             running.append(g)
             budget -= _run(self, g, out, budget)
     self.running = running
+    num_seqs = sum(map(_width, running))  # against max_num_seqs: the sequences running, and the forks to come
     # 2. swapped requests back in, unless this step had to preempt
-    while self.swapped and not out.preempted and budget > 0 and self._num_running_seqs() < c.max_num_seqs:
+    while self.swapped and not out.preempted and budget > 0:
         g = self.swapped[0]
         ids = [s.seq_id for s in g.get_seqs(SequenceStatus.SWAPPED)]
-        blocks = len({b for i in ids for b in self.bm.cpu_tables[i].blocks})
-        # room for its blocks and, per sequence, a new block and a copy-on-write copy for its next token
-        if not self.bm.can_swap_in(ids) or blocks + 2 * len(ids) > self.bm.num_free_blocks - self.bm.watermark_blocks: break
+        # room for its blocks and, per sequence, one more for its next token (a new block, or a copy-on-write copy)
+        need = len({b for i in ids for b in self.bm.cpu_tables[i].blocks}) + len(ids)
+        if self._never_fits(need): self._drop(self.swapped, g, out); continue
+        if num_seqs + _width(g) > c.max_num_seqs or need > self.bm.num_free_blocks - self.bm.watermark_blocks: break
         out.blocks_to_swap_in += self.bm.swap_in(ids)
         g.set_status(SequenceStatus.RUNNING)
         self.swapped.popleft(); self._grow(g, out); self._insert_running(g)
-        budget -= _run(self, g, out, budget)
+        num_seqs += _width(g); budget -= _run(self, g, out, budget)
     # 3. new prompts (and recompute-preempted requests), while budget, sequence limit and blocks allow
     while self.waiting and not self.swapped and not out.preempted and budget > 0:
         g = self.waiting[0]
         seqs = g.get_seqs(SequenceStatus.WAITING)
-        if self._num_running_seqs() + max(len(seqs), g.params.num_seqs_to_sample) > c.max_num_seqs: break
+        width = _width(g)
+        if width > c.max_num_seqs or self._never_fits(_blocks_to_admit(self, seqs)): self._drop(self.waiting, g, out); continue
+        if num_seqs + width > c.max_num_seqs: break
         if not c.enable_chunked_prefill and max(s.num_tokens for s in seqs) > budget: break
         if not self._can_admit(seqs): break
         self.waiting.popleft()
@@ -231,7 +236,7 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
             s.status = SequenceStatus.RUNNING
         if not g.seqs[0].output_token_ids: g.num_cached_tokens = g.seqs[0].num_computed_tokens  # first admission
         self._insert_running(g)
-        budget -= _run(self, g, out, budget)
+        num_seqs += width; budget -= _run(self, g, out, budget)
     if num_steps > 1: out.num_steps = _num_steps(self, out, num_steps)
     return out
 
@@ -250,17 +255,36 @@ def _num_steps(self: Scheduler, out: SchedulerOutput, num_steps: int) -> list | 
     steps = [min(block, r) for r in rooms]
     return steps if max(steps) > 1 else None
 
+def _blocks_to_admit(self: Scheduler, seqs) -> int:
+    "Blocks a request's waiting sequences take at most (no prefix-cache hits, no sharing: each is prefilled on its own)."
+    return sum(-(-s.num_tokens // self.bm.block_size) for s in seqs)
+
 def _can_admit(self: Scheduler, seqs) -> bool:
-    "Whether all of a request's waiting sequences can get their blocks now (their shared prefix counted once)."
+    "Whether all of a request's waiting sequences can get their blocks now."
     if len(seqs) == 1: return self.bm.can_allocate(seqs[0].token_ids())
-    need = sum(-(-s.num_tokens // self.bm.block_size) for s in seqs)  # no sharing assumed: conservative
-    return self.bm.num_free_blocks - need >= self.bm.watermark_blocks
+    return self.bm.num_free_blocks - _blocks_to_admit(self, seqs) >= self.bm.watermark_blocks
+
+def _never_fits(self: Scheduler, need: int) -> bool:
+    "Whether `need` blocks exceed the whole pool (less the watermark): a request needing them waits in vain."
+    return need > self.bm.gpu.num_blocks - self.bm.watermark_blocks
+
+def _drop(self: Scheduler, queue, g: SequenceGroup, out: SchedulerOutput):
+    "Finish a request that can never run again with reason 'length' (vLLM's ignored requests): out of `queue`, its blocks freed."
+    queue.remove(g)
+    for s in g.seqs:
+        if s.seq_id in self.bm.tables or s.seq_id in self.bm.cpu_tables: self.bm.free(s.seq_id)
+        if not s.is_finished: s.finish(FinishReason.LENGTH)
+    out.ignored.append(g)
 
 def _insert_running(self: Scheduler, g: SequenceGroup): self._insert(self.running, g)
-def _num_running_seqs(self: Scheduler) -> int: return sum(len(g.get_seqs(SequenceStatus.RUNNING)) for g in self.running)
+
+def _width(g: SequenceGroup) -> int:
+    "Sequences `g` may run side by side from now on: all it forks into (`n`, `best_of`, beams), or its unfinished ones once forked."
+    if len(g.seqs) == 1 or g.params.use_beam_search: return g.params.num_seqs_to_sample  # (beams fork again every step)
+    return sum(not s.is_finished for s in g.seqs)
 
 Scheduler.schedule, Scheduler._can_admit, Scheduler._insert_running = schedule, _can_admit, _insert_running
-Scheduler._num_running_seqs = _num_running_seqs
+Scheduler._never_fits, Scheduler._drop = _never_fits, _drop
 
 # %% ../nbs/12_scheduler.ipynb #f0506c45
 def free_finished(self: Scheduler) -> list:

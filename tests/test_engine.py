@@ -476,3 +476,31 @@ def test_num_scheduler_steps_is_checked():
     from paged_infer.engine import EngineConfigError
     for bad in (0, -1, 2.5):
         with pytest.raises(EngineConfigError): EngineConfig(num_scheduler_steps=bad)
+
+
+@pytest.mark.parametrize('kind', ['n', 'beam'])
+@pytest.mark.parametrize('mode', ['recompute', 'swap'])
+def test_a_request_that_outgrows_the_pool_ends_with_length(shared, mode, kind):
+    """Two sequences that each fit the pool but not together (8 blocks of 16 tokens; each would reach 8 blocks): once
+    they fill it alone, the request ends with 'length' and what it has made (chapter 12's ignored requests) instead of
+    waiting forever; the greedy request queued behind it still gets HF's tokens; nothing leaks."""
+    eng = LLMEngine(num_gpu_blocks=8, num_cpu_blocks=16, preemption_mode=mode, max_num_seqs=4)
+    big = (SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=80, ignore_eos=True) if kind == 'n' else
+           SamplingParams(use_beam_search=True, best_of=2, n=2, temperature=0, max_tokens=80, ignore_eos=True))
+    p = shared['prompts'][0]
+    assert len(p) + 80 <= 8 * 16 < 2 * (len(p) + 80) - len(p) // 16 * 16
+    a, b = eng.add_request(p, big), eng.add_request(shared['prompts'][1], GREEDY)
+    done, steps = {}, 0
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: assert o.request_id not in done, 'finished once'; done[o.request_id] = o
+        eng.block_manager.check_invariants(); steps += 1
+        assert steps < 1000, 'no progress'
+    assert done[b].outputs[0].token_ids == shared['refs'][1] and eng.scheduler.num_preemptions > 0
+    outs = done[a].outputs
+    assert len(outs) == 2 and all(c.finish_reason == 'length' and 0 < len(c.token_ids) < 80 for c in outs)
+    assert all(c.text == shared['tok'].decode(c.token_ids, skip_special_tokens=True) for c in outs)
+    assert eng.block_manager.num_free_blocks == 8 and eng.block_manager.cpu.num_free == 16 and not eng.groups and not eng.detoks
+    for params, param in [(SamplingParams(n=5, temperature=1.0), 'n'), (SamplingParams(best_of=5, temperature=1.0), 'best_of')]:
+        with pytest.raises(RequestError, match='max_num_seqs') as e: eng.add_request('Hello', params)  # could never run
+        assert e.value.param == param

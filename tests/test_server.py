@@ -161,6 +161,7 @@ BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/chat/completions', {**CHAT, 'top_p': 1.5}, 400, 'top_p'),
     ('/v1/chat/completions', {**CHAT, 'n': 0}, 400, 'n'),
     ('/v1/chat/completions', {**CHAT, 'n': 10**6}, 400, 'n'),
+    ('/v1/chat/completions', {**CHAT, 'n': 20, 'temperature': 1}, 400, 'n'),  # more than max_num_seqs (16) at once
     ('/v1/chat/completions', {**CHAT, 'max_tokens': 0}, 400, 'max_tokens'),
     ('/v1/chat/completions', {**CHAT, 'max_tokens': 5000}, 400, 'max_tokens'),
     ('/v1/chat/completions', {**CHAT, 'temperature': 'hot'}, 400, 'temperature'),
@@ -192,6 +193,7 @@ BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/completions', {**COMP, 'logprobs': 2, 'echo': True}, 400, 'echo'),
     ('/v1/completions', {**COMP, 'min_tokens': 9}, 400, 'min_tokens'),
     ('/v1/completions', {**COMP, 'presence_penalty': 3}, 400, 'presence_penalty'),
+    ('/v1/completions', {**COMP, 'best_of': 20, 'temperature': 1}, 400, 'best_of'),
     ('/v1/completions', {**COMP, 'model': 'nope'}, 404, 'model'),
     ('/v1/nothing', {}, 404, None),
 ]
