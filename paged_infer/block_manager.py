@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['BlockManagerError', 'NoFreeBlocksError', 'UnknownSequenceError', 'DuplicateSequenceError', 'DoubleFreeError',
-           'hash_block', 'Block', 'BlockPool', 'BlockManager', 'can_allocate', 'allocate', 'cache_blocks', 'can_append',
-           'append_in_place', 'append_slots', 'fork', 'free', 'can_swap_out', 'can_swap_in', 'swap_out', 'swap_in',
-           'check_invariants']
+           'hash_block', 'Block', 'BlockPool', 'BlockManager', 'blocks_to_allocate', 'can_allocate', 'allocate',
+           'cache_blocks', 'can_append', 'append_in_place', 'append_slots', 'fork', 'free', 'can_swap_out',
+           'can_swap_in', 'swap_out', 'swap_in', 'check_invariants']
 
 # %% ../nbs/03_block_manager.ipynb #e56e79e6
 import hashlib
@@ -144,12 +144,18 @@ def _match_prefix(self: BlockManager, token_ids) -> list[tuple[bytes, int]]:
         hits.append((h, bid)); parent = h
     return hits
 
+def blocks_to_allocate(self: BlockManager, prompts) -> int:
+    "Free blocks that allocating these token lists one after another takes: each one's blocks less its prefix-cache hits, and one for each cached block nobody holds (evictable now, taken back), counted once."
+    needed, revived = 0, set()
+    for token_ids in prompts:
+        hits = _match_prefix(self, token_ids)
+        needed += cdiv(len(token_ids), self.block_size) - len(hits)
+        revived.update(b for _, b in hits if self.gpu.blocks[b].ref_count == 0)
+    return needed + len(revived)
+
 def can_allocate(self: BlockManager, token_ids) -> bool:
     "Whether a prompt of `token_ids` can get its blocks now, keeping the watermark free."
-    hits = _match_prefix(self, token_ids)
-    revived = sum(self.gpu.blocks[b].ref_count == 0 for _, b in hits)  # evictable now, taken back
-    needed = cdiv(len(token_ids), self.block_size) - len(hits) + revived
-    return self.gpu.num_free - needed >= self.watermark_blocks
+    return self.gpu.num_free - blocks_to_allocate(self, [token_ids]) >= self.watermark_blocks
 
 def allocate(self: BlockManager, seq_id: int, token_ids) -> int:
     "Block table for a new prompt, reusing prefix-cached blocks; returns how many leading tokens are already cached."
@@ -167,7 +173,7 @@ def allocate(self: BlockManager, seq_id: int, token_ids) -> int:
     self.prefix_queries += len(token_ids); self.prefix_hits += num_cached
     return num_cached
 
-BlockManager.can_allocate, BlockManager.allocate = can_allocate, allocate
+BlockManager.blocks_to_allocate, BlockManager.can_allocate, BlockManager.allocate = blocks_to_allocate, can_allocate, allocate
 
 # %% ../nbs/03_block_manager.ipynb #95f275b3
 def cache_blocks(self: BlockManager, seq_id: int, token_ids, num_computed: int):

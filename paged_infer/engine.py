@@ -313,7 +313,7 @@ def _ignored(self: LLMEngine, groups: list) -> list:
             if (d := self.detoks.get(s.seq_id)) is not None: d.flush()  # (held-back text goes out, as at any length stop)
         if g.params.use_beam_search:  # its live beams end here, like beams at max_tokens
             lp = g.params.length_penalty
-            live = [(_beam_score(s.cumulative_logprob, s.num_output_tokens, lp), s) for s in g.seqs if s.finish_reason is FinishReason.LENGTH]
+            live = [(_beam_score(s.cumulative_logprob, max(1, s.num_output_tokens), lp), s) for s in g.seqs if s.finish_reason is FinishReason.LENGTH]
             g.hyps = sorted(g.hyps + live, key=lambda h: -h[0])[:g.params.num_seqs_to_sample]
         g.finished_time = now
         outputs.append(self._output(g)); self._forget(g)

@@ -212,9 +212,8 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
     # 2. swapped requests back in, unless this step had to preempt
     while self.swapped and not out.preempted and budget > 0:
         g = self.swapped[0]
-        ids = [s.seq_id for s in g.get_seqs(SequenceStatus.SWAPPED)]
-        # room for its blocks and, per sequence, one more for its next token (a new block, or a copy-on-write copy)
-        need = len({b for i in ids for b in self.bm.cpu_tables[i].blocks}) + len(ids)
+        seqs = g.get_seqs(SequenceStatus.SWAPPED)
+        ids, need = [s.seq_id for s in seqs], _swap_in_need(self, seqs)  # its blocks, and room for its next tokens
         if self._never_fits(need): self._drop(self.swapped, g, out); continue
         if num_seqs + _width(g) > c.max_num_seqs or need > self.bm.num_free_blocks - self.bm.watermark_blocks: break
         out.blocks_to_swap_in += self.bm.swap_in(ids)
@@ -256,13 +255,22 @@ def _num_steps(self: Scheduler, out: SchedulerOutput, num_steps: int) -> list | 
     return steps if max(steps) > 1 else None
 
 def _blocks_to_admit(self: Scheduler, seqs) -> int:
-    "Blocks a request's waiting sequences take at most (no prefix-cache hits, no sharing: each is prefilled on its own)."
-    return sum(-(-s.num_tokens // self.bm.block_size) for s in seqs)
+    "Free blocks a request's waiting sequences take: each is allocated (and prefilled) on its own, so they share only what the prefix cache holds."
+    return self.bm.blocks_to_allocate([s.token_ids() for s in seqs])
 
 def _can_admit(self: Scheduler, seqs) -> bool:
     "Whether all of a request's waiting sequences can get their blocks now."
-    if len(seqs) == 1: return self.bm.can_allocate(seqs[0].token_ids())
     return self.bm.num_free_blocks - _blocks_to_admit(self, seqs) >= self.bm.watermark_blocks
+
+def _swap_in_need(self: Scheduler, seqs) -> int:
+    "GPU blocks a swapped request takes back: its distinct blocks, and what each sequence's next token needs (a new block if its last is full, a copy if its last is shared), as `_can_grow` counts."
+    tables, bs = self.bm.cpu_tables, self.bm.block_size
+    need = len({b for s in seqs for b in tables[s.seq_id].blocks})
+    for s in seqs:
+        t = tables[s.seq_id]
+        if (k := s.num_tokens - t.num_tokens) > 0:  # (< 0: slots reserved ahead before)
+            need += t.blocks_needed(k) + (t.num_tokens % bs != 0 and self.bm.cpu.blocks[t.blocks[-1]].ref_count > 1)
+    return need
 
 def _never_fits(self: Scheduler, need: int) -> bool:
     "Whether `need` blocks exceed the whole pool (less the watermark): a request needing them waits in vain."

@@ -504,3 +504,39 @@ def test_a_request_that_outgrows_the_pool_ends_with_length(shared, mode, kind):
     for params, param in [(SamplingParams(n=5, temperature=1.0), 'n'), (SamplingParams(best_of=5, temperature=1.0), 'best_of')]:
         with pytest.raises(RequestError, match='max_num_seqs') as e: eng.add_request('Hello', params)  # could never run
         assert e.value.param == param
+
+
+@pytest.mark.parametrize('mode,blocks,prompt,out', [('swap', 4, 16, 16), ('recompute', 12, 96, 30)])
+def test_a_request_that_fits_alone_is_not_cut_short_after_a_preemption(mode, blocks, prompt, out):
+    """n = 2 that fits the pool with its prompt shared (swap: 1 + 2 x 1 blocks of 4; recompute: 6 + 2 x 2 of 12), preempted
+    once by an older request: it still gets all its tokens (the review of the fix above: swap-in asked a block per
+    sequence it did not need; readmission counted the prompt once per sequence, though the prefix cache shares it)."""
+    eng = LLMEngine(num_gpu_blocks=blocks, num_cpu_blocks=64, preemption_mode=mode)
+    a = eng.add_request(list(range(1000, 1014)), SamplingParams(temperature=0, max_tokens=10 if mode == 'swap' else 40, ignore_eos=True))
+    g = eng.add_request(list(range(2000, 2000 + prompt)), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=out, ignore_eos=True))
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+    assert eng.scheduler.num_preemptions > 0
+    assert [len(c.token_ids) for c in done[g].outputs] == [out, out] and len(done[a].outputs[0].token_ids) == (10 if mode == 'swap' else 40)
+    assert eng.block_manager.num_free_blocks == blocks
+
+
+def test_a_single_sequence_swapped_at_its_last_block_comes_back():
+    """A request sized to the pool less the watermark (99 of 100 blocks), swapped out by a more urgent request just
+    before its last block: it comes back and ends at max_tokens (swap-in counts a block for the next token only where
+    the last block is full)."""
+    eng = LLMEngine(num_gpu_blocks=100, num_cpu_blocks=128, preemption_mode='swap', policy='priority')
+    bm = eng.block_manager
+    assert bm.watermark_blocks == 1
+    s = eng.add_request(list(range(1000, 2500)), SamplingParams(temperature=0, max_tokens=84, ignore_eos=True))  # 99 blocks
+    done, t = {}, None
+    while eng.has_unfinished_requests():
+        q = eng.groups[s].seqs[0].seq_id if s in eng.groups else None
+        if t is None and q in bm.tables and bm.tables[q].num_tokens >= 98 * 16 - 5:
+            t = eng.add_request(list(range(3000, 3002)), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), priority=-1)
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+    assert eng.scheduler.num_preemptions == 1
+    assert [len(done[r].outputs[0].token_ids) for r in (s, t)] == [84, 40] and bm.num_free_blocks == 100
