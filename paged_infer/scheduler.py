@@ -208,7 +208,8 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
             running.append(g)
             budget -= _run(self, g, out, budget)
     self.running = running
-    num_seqs = sum(map(_width, running))  # against max_num_seqs: the sequences running, and the forks to come
+    # against max_num_seqs: the sequences running, and the forks to come (counted only when someone waits to start)
+    num_seqs = sum(map(_width, running)) if self.swapped or self.waiting else 0
     # 2. swapped requests back in, unless this step had to preempt
     while self.swapped and not out.preempted and budget > 0:
         g = self.swapped[0]
@@ -225,10 +226,12 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
         g = self.waiting[0]
         seqs = g.get_seqs(SequenceStatus.WAITING)
         width = _width(g)
-        if width > c.max_num_seqs or self._never_fits(_blocks_to_admit(self, seqs)): self._drop(self.waiting, g, out); continue
+        if width > c.max_num_seqs: self._drop(self.waiting, g, out); continue
         if num_seqs + width > c.max_num_seqs: break
         if not c.enable_chunked_prefill and max(s.num_tokens for s in seqs) > budget: break
-        if not self._can_admit(seqs): break
+        if self.bm.num_free_blocks - (need := _blocks_to_admit(self, seqs)) < self.bm.watermark_blocks:
+            if self._never_fits(need): self._drop(self.waiting, g, out); continue
+            break
         self.waiting.popleft()
         for s in seqs:
             s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids())  # prefix-cache hits are computed already
@@ -257,10 +260,6 @@ def _num_steps(self: Scheduler, out: SchedulerOutput, num_steps: int) -> list | 
 def _blocks_to_admit(self: Scheduler, seqs) -> int:
     "Free blocks a request's waiting sequences take: each is allocated (and prefilled) on its own, so they share only what the prefix cache holds."
     return self.bm.blocks_to_allocate([s.token_ids() for s in seqs])
-
-def _can_admit(self: Scheduler, seqs) -> bool:
-    "Whether all of a request's waiting sequences can get their blocks now."
-    return self.bm.num_free_blocks - _blocks_to_admit(self, seqs) >= self.bm.watermark_blocks
 
 def _swap_in_need(self: Scheduler, seqs) -> int:
     "GPU blocks a swapped request takes back: its distinct blocks, and what each sequence's next token needs (a new block if its last is full, a copy if its last is shared), as `_can_grow` counts."
@@ -291,7 +290,7 @@ def _width(g: SequenceGroup) -> int:
     if len(g.seqs) == 1 or g.params.use_beam_search: return g.params.num_seqs_to_sample  # (beams fork again every step)
     return sum(not s.is_finished for s in g.seqs)
 
-Scheduler.schedule, Scheduler._can_admit, Scheduler._insert_running = schedule, _can_admit, _insert_running
+Scheduler.schedule, Scheduler._insert_running = schedule, _insert_running
 Scheduler._never_fits, Scheduler._drop = _never_fits, _drop
 
 # %% ../nbs/12_scheduler.ipynb #f0506c45
