@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['BlockManagerError', 'NoFreeBlocksError', 'UnknownSequenceError', 'DuplicateSequenceError', 'DoubleFreeError',
            'hash_block', 'Block', 'BlockPool', 'BlockManager', 'blocks_to_allocate', 'can_allocate', 'allocate',
-           'cache_blocks', 'can_append', 'append_in_place', 'append_slots', 'fork', 'free', 'can_swap_out',
-           'can_swap_in', 'swap_out', 'swap_in', 'check_invariants']
+           'cache_blocks', 'blocks_to_append', 'can_append', 'append_in_place', 'append_slots', 'fork', 'free',
+           'can_swap_out', 'can_swap_in', 'swap_out', 'swap_in', 'check_invariants']
 
 # %% ../nbs/03_block_manager.ipynb #e56e79e6
 import hashlib
@@ -188,14 +188,19 @@ def cache_blocks(self: BlockManager, seq_id: int, token_ids, num_computed: int):
 BlockManager.cache_blocks = cache_blocks
 
 # %% ../nbs/03_block_manager.ipynb #6f3f815f
+def blocks_to_append(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> int:
+    "Free blocks `num_new_tokens` more slots take: new blocks past the last one, and a copy of the last if it is shared (copy-on-write); for a swapped-out sequence, once it is back."
+    if num_new_tokens <= 0: return 0
+    pool, t = (self.cpu, self.cpu_tables[seq_id]) if seq_id in self.cpu_tables else (self.gpu, self._table(seq_id))
+    return t.blocks_needed(num_new_tokens) + _needs_cow(self, t, pool)
+
 def can_append(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> bool:
     "Whether the sequence can grow by `num_new_tokens` slots now (copy-on-write included)."
-    t = self._table(seq_id)
-    return self.gpu.num_free >= t.blocks_needed(num_new_tokens) + _needs_cow(self, t)
+    return self.gpu.num_free >= blocks_to_append(self, seq_id, num_new_tokens)
 
-def _needs_cow(self: BlockManager, t: BlockTable) -> bool:
+def _needs_cow(self: BlockManager, t: BlockTable, pool: BlockPool | None = None) -> bool:
     "The next token would be written into a partly filled block that other tables share."
-    return t.num_tokens % self.block_size != 0 and self.gpu.blocks[t.blocks[-1]].ref_count > 1
+    return t.num_tokens % self.block_size != 0 and (pool or self.gpu).blocks[t.blocks[-1]].ref_count > 1
 
 def append_in_place(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> bool:
     "Claim the slots if they fit in the sequence's own last block (no block taken, none copied): True; else False, nothing changed."
@@ -219,6 +224,7 @@ def append_slots(self: BlockManager, seq_id: int, num_new_tokens: int = 1) -> li
     return copies
 
 BlockManager.can_append, BlockManager.append_in_place, BlockManager.append_slots = can_append, append_in_place, append_slots
+BlockManager.blocks_to_append = blocks_to_append
 
 # %% ../nbs/03_block_manager.ipynb #f3b42216
 def fork(self: BlockManager, parent_id: int, child_id: int):

@@ -132,8 +132,7 @@ def _can_grow(self: Scheduler, g: SequenceGroup, steps: int = 1, spare: int = 0)
     "Whether every running sequence of `g` can get the slots it is missing (counting blocks over the whole group), leaving `spare` blocks free."
     need = 0
     for s in g.get_seqs(SequenceStatus.RUNNING):
-        t, k = self.bm.tables[s.seq_id], _slots_missing(self, s, steps)
-        if k: need += t.blocks_needed(k) + (t.num_tokens % self.bm.block_size != 0 and self.bm.gpu.blocks[t.blocks[-1]].ref_count > 1)
+        if k := _slots_missing(self, s, steps): need += self.bm.blocks_to_append(s.seq_id, k)
     return need == 0 or need + spare <= self.bm.num_free_blocks  # (most decode steps need no new block)
 
 def _grow(self: Scheduler, g: SequenceGroup, out: SchedulerOutput, steps: int = 1):
@@ -216,11 +215,11 @@ def schedule(self: Scheduler, num_steps: int = 1) -> SchedulerOutput:
         seqs = g.get_seqs(SequenceStatus.SWAPPED)
         ids, need = [s.seq_id for s in seqs], _swap_in_need(self, seqs)  # its blocks, and room for its next tokens
         if self._never_fits(need): self._drop(self.swapped, g, out); continue
-        if num_seqs + _width(g) > c.max_num_seqs or need > self.bm.num_free_blocks - self.bm.watermark_blocks: break
+        if num_seqs + (width := _width(g)) > c.max_num_seqs or need > self.bm.num_free_blocks - self.bm.watermark_blocks: break
         out.blocks_to_swap_in += self.bm.swap_in(ids)
         g.set_status(SequenceStatus.RUNNING)
         self.swapped.popleft(); self._grow(g, out); self._insert_running(g)
-        num_seqs += _width(g); budget -= _run(self, g, out, budget)
+        num_seqs += width; budget -= _run(self, g, out, budget)
     # 3. new prompts (and recompute-preempted requests), while budget, sequence limit and blocks allow
     while self.waiting and not self.swapped and not out.preempted and budget > 0:
         g = self.waiting[0]
@@ -262,14 +261,10 @@ def _blocks_to_admit(self: Scheduler, seqs) -> int:
     return self.bm.blocks_to_allocate([s.token_ids() for s in seqs])
 
 def _swap_in_need(self: Scheduler, seqs) -> int:
-    "GPU blocks a swapped request takes back: its distinct blocks, and what each sequence's next token needs (a new block if its last is full, a copy if its last is shared), as `_can_grow` counts."
-    tables, bs = self.bm.cpu_tables, self.bm.block_size
-    need = len({b for s in seqs for b in tables[s.seq_id].blocks})
-    for s in seqs:
-        t = tables[s.seq_id]
-        if (k := s.num_tokens - t.num_tokens) > 0:  # (< 0: slots reserved ahead before)
-            need += t.blocks_needed(k) + (t.num_tokens % bs != 0 and self.bm.cpu.blocks[t.blocks[-1]].ref_count > 1)
-    return need
+    "GPU blocks a swapped request takes back: its distinct blocks, and what its sequences' next tokens take (a new block where the last is full, a copy where it is shared), as `_can_grow` counts."
+    tables = self.bm.cpu_tables
+    blocks = len({b for s in seqs for b in tables[s.seq_id].blocks})
+    return blocks + sum(self.bm.blocks_to_append(s.seq_id, s.num_tokens - tables[s.seq_id].num_tokens) for s in seqs)
 
 def _never_fits(self: Scheduler, need: int) -> bool:
     "Whether `need` blocks exceed the whole pool (less the watermark): a request needing them waits in vain."
