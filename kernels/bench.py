@@ -1,13 +1,13 @@
-"""Check and time the Triton kernels of `paged_infer.kernels` on a CUDA GPU, side by side with torch SDPA (flash).
+"""Check and time the Triton kernels of `paged_infer.ops.kernels` on a CUDA GPU, side by side with torch SDPA (flash).
 
-    PYTHONPATH=. python kernels/bench.py --out kernels/results     # on the GPU machine, from the repo root
-    PYTHONPATH=. python kernels/bench.py --smoke                   # tiny shapes on a CPU through Triton's interpreter
-    PYTHONPATH=. python kernels/bench.py --summarize kernels/results --copy-TBps 4.29   # no GPU: see summarize()
+    python kernels/bench.py                          # on a GPU: results in kernels/results/triton_kernels/<machine>/
+    python kernels/bench.py --smoke --out /tmp/smoke # tiny shapes on a CPU through Triton's interpreter
+    python kernels/bench.py --summarize kernels/results/decode_attention/h200 --copy-TBps 4.29   # no GPU: see summarize()
 
 1. ceilings: a device-to-device copy (bytes read + written over time) and a bf16 matrix product;
 2. checks: every kernel against the torch reference on fresh random inputs in bf16, outputs poisoned with NaN,
    K/V slots that no sequence owns poisoned with NaN, relative error ||out - ref|| / ||ref|| (ref in float32);
-3. timings with CUDA events (warm-up, median of many runs, the L2 cache flushed by a 512 MB write before each run):
+3. timings with CUDA events (warm-up, median of many runs, the L2 cache flushed by reading a 512 MB buffer before each run; each timed call a CUDA-graph replay):
    decode (Llama-3-8B heads, block size 16) and prefill against SDPA's flash backend over a contiguous cache of the
    same shape, split counts and tile configurations swept, block copies against torch's indexed copies.
 Writes OUT/{ceilings,checks,decode,decode_sweep,prefill,copy}.csv and prints a short table last.
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from paged_infer.attention import build_metadata, paged_attention_ref, store_kv
-from paged_infer.kernels import (copy_blocks_triton, decode_num_splits, num_sms, paged_attention_triton,
+from paged_infer.ops.attention import build_metadata, paged_attention_ref, store_kv
+from paged_infer.ops.kernels import (copy_blocks_triton, decode_num_splits, num_sms, paged_attention_triton,
                                  paged_decode_attention, paged_prefill_attention, store_kv_triton)
 
 DEV = 'cpu' if SMOKE else 'cuda'
@@ -321,13 +321,17 @@ def write(path, rows):
         for r in rows: w.writerow({k: (f'{v:.4g}' if isinstance(v, float) else v) for k, v in r.items()})
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--out', default='kernels/results'); ap.add_argument('--smoke', action='store_true')
+    ap = argparse.ArgumentParser(description='Check and time the Triton kernels beside torch SDPA.')
+    ap.add_argument('--out', default=None, help='results folder (default: kernels/results/triton_kernels/<machine>)')
+    ap.add_argument('--smoke', action='store_true', help='tiny shapes through Triton\'s interpreter, no GPU')
     ap.add_argument('--skip-sweep', action='store_true', help='time only the default variants')
     ap.add_argument('--summarize', metavar='DIR', help='no GPU: write DIR/decode_summary.csv from a run\'s raw files')
     ap.add_argument('--copy-TBps', type=float, help='with --summarize: the copy ceiling to use instead of DIR/ceilings.csv')
     args = ap.parse_args()
     if args.summarize: return summarize(args.summarize, args.copy_TBps)
+    if args.out is None:
+        from lab import default_out
+        args.out = str(default_out('triton_kernels_smoke' if SMOKE else 'triton_kernels'))
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     env = dict(torch=torch.__version__, triton=triton.__version__, device=torch.cuda.get_device_name() if not SMOKE else 'cpu (interpreter)',

@@ -1,7 +1,7 @@
 """The GEMMs of a decode step at batch M, each against the best this GPU gives: is the 8B step's 1.25x-of-floor target
 within reach of any GEMM we could call?
 
-    PYTHONPATH=. python kernels/gemm_bench.py --shape llama-3.1-8b --m 256 --out $OUT/gemm_8b.json [--inductor]
+    python kernels/gemm_bench.py --shape llama-3.1-8b --m 256 [--inductor] [--out FILE]   # default: kernels/results/gemm/<machine>/gemm_<shape>.json
 
 For each projection of the shape (qkv, o, gate_up, down, lm head; the engine's stacked weights, (N, K) bf16 as
 nn.Linear keeps them), at M rows:
@@ -12,7 +12,7 @@ nn.Linear keeps them), at M rows:
 - `inductor` (with --inductor): torch.compile max-autotune's pick (ATen and Triton templates, persistent TMA ones
   included), its autotune table in inductor.log next to the JSON.
 Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median: no host launch time, as in the
-engine's decode graphs; session 7's first version timed Python launch loops, and the Triton and inductor calls,
+engine's decode graphs; the script's first version timed Python launch loops, and the Triton and inductor calls,
 ~65 us of host time each, hid the small GEMMs' GPU time) over enough weight copies that none sits in L2, and given as
 TFLOP/s, as a share of the measured dense bf16 ceiling (a large square cuBLAS GEMM timed the same way) and of the
 weight bytes over the measured copy bandwidth. Each output must match `linear`'s within ~8 bf16 ulps of the largest output; a variant that fails (a wrong
@@ -25,7 +25,7 @@ import torch, torch.nn.functional as F
 import triton, triton.language as tl
 from triton.testing import do_bench_cudagraph
 
-from paged_infer.benchmark import SHAPES
+from paged_infer.bench.workloads import SHAPES
 
 
 def projections(shape: str) -> dict:
@@ -91,8 +91,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--shape', default='llama-3.1-8b'); p.add_argument('--m', type=int, nargs='+', default=[256])
     p.add_argument('--only', default=None, help='comma-separated projections (default: all)')
-    p.add_argument('--inductor', action='store_true'); p.add_argument('--out', default='gemm_bench.json')
+    p.add_argument('--inductor', action='store_true'); p.add_argument('--out', default=None, help='JSON file (default: kernels/results/gemm/<machine>/gemm_<shape>.json)')
     a = p.parse_args()
+    if a.out is None:
+        from lab import default_out
+        a.out = default_out('gemm') / f'gemm_{a.shape}.json'
     out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
     dev, dt = 'cuda', torch.bfloat16
     torch.manual_seed(0)

@@ -2,8 +2,8 @@
 cost per decode step, measured at each batch size and two context lengths, summed over the steps each batch size
 would run, and checked against the full runs that were measured.
 
-    PAGED_INFER_CACHE=$PWD/.gpu_cache PYTHONPATH=. python kernels/hf_step_cost.py --shape llama-3.1-8b \
-        --tokenizer .gpu_assets/tokenizer --num-requests 128 --batch-sizes 16,32,64 --out $OUT/hf_step_cost.json
+    python kernels/hf_step_cost.py --shape llama-3.1-8b --num-requests 128 --batch-sizes 16,32,64 \
+        [--tokenizer DIR] [--out FILE]   # default: kernels/results/hf_step_cost/<machine>/hf_step_cost_b16_b32_b64.json
 
 For each batch size B, the workload's first B requests, left-padded as `run_hf` pads them (prompt length L, the
 longest), and the same with `--extra` more prompt tokens each: `generate` with 8 new tokens and with 8 + `--steps`,
@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paged_infer.benchmark import _sync as sync, left_padded, load_hf_model, make_random_model, make_workload
+from paged_infer.bench.offline import _sync as sync, left_padded, load_hf_model
+from paged_infer.bench.workloads import make_random_model, make_workload
 
 
 def timed_generate(hf, ids, mask, n, pad, repeats=1):
@@ -60,16 +61,20 @@ def padded(reqs, extra, vocab, dev, seed, pad=True, pad_id=0):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--shape', default='llama-3.1-8b'); ap.add_argument('--tokenizer', default='.gpu_assets/tokenizer')
+    ap.add_argument('--shape', default='llama-3.1-8b'); ap.add_argument('--tokenizer', default=None, help='a folder with a tokenizer for the random-weight models (default: the default model\'s, under ~/.cache/paged-infer)')
     ap.add_argument('--model', default=None, help='a model folder instead of a random one of --shape')
     ap.add_argument('--workload', default='sharegpt-like'); ap.add_argument('--num-requests', type=int, default=128)
     ap.add_argument('--batch-sizes', default='16,32,64'); ap.add_argument('--extra', type=int, default=1024)
     ap.add_argument('--steps', type=int, default=32); ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--check', default='', help='comma-separated: bench result files, or B=seconds')
     ap.add_argument('--no-padding', action='store_true', help='fill prompts to the batch length with random tokens instead of padding')
-    ap.add_argument('--device', default='cuda'); ap.add_argument('--out', default='hf_step_cost.json')
+    ap.add_argument('--device', default='cuda'); ap.add_argument('--out', default=None, help='JSON file (default: kernels/results/hf_step_cost/<machine>/hf_step_cost_b<sizes>.json)')
     a = ap.parse_args()
-    folder = a.model or make_random_model(a.shape, tokenizer_folder=a.tokenizer, dtype='bfloat16', max_model_len=8192, seed=0)
+    from lab import default_out, tokenizer_folder
+    if a.out is None:
+        a.out = default_out('hf_step_cost') / ('hf_step_cost_' + '_'.join(f'b{b}' for b in a.batch_sizes.split(',')) + ('_unpadded' if a.no_padding else '') + '.json')
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    folder = a.model or make_random_model(a.shape, tokenizer_folder=tokenizer_folder(a.tokenizer), dtype='bfloat16', max_model_len=8192, seed=0)
     hf = load_hf_model(str(folder), 'auto', a.device)
     pad, vocab, dev = hf.generation_config.pad_token_id or 0, hf.config.vocab_size, hf.device
     w = make_workload(a.workload, a.num_requests, vocab_size=vocab)

@@ -1,7 +1,7 @@
 """The host's side of a decode step at batch 256, on the CPU: the work `profile_step.py` times on the GPU, without a GPU.
 
-    .venv/bin/python kernels/profile_host.py [--batch 256] [--context 512] [--steps 60] [--modes sync,async] \
-        [--cprofile 25] [--out FILE]
+    python kernels/profile_host.py [--batch 256] [--context 512] [--steps 60] [--modes sync,async] \
+        [--cprofile 25] [--out FILE]   # default: ./profile_host.json
 
 The Qwen2.5-0.5B shape (its model type and vocabulary-independent structure) shrunk to one layer of width 64 and a
 4,096-token vocabulary, random weights, float32 on the CPU: the model's own time becomes small, and what is left of
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
-from paged_infer import model_runner as mr
-from paged_infer.benchmark import make_random_model, machine_info
-from paged_infer.engine import LLMEngine
-from paged_infer.sampling_params import RequestOutputKind, SamplingParams
+from paged_infer.worker import model_runner as mr
+from paged_infer.bench.offline import machine_info
+from paged_infer.bench.workloads import make_random_model
+from paged_infer.core.engine import LLMEngine
+from paged_infer.core.sampling_params import RequestOutputKind, SamplingParams
 from profile_step import cpu_probe_ms, timed  # (kernels/ is on the path when this script runs)
 
 TINY = dict(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
@@ -36,13 +37,13 @@ TINY = dict(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_atte
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description='The host side of a decode step on the CPU.')
     ap.add_argument('--batch', type=int, default=256)
     ap.add_argument('--context', type=int, default=512)
     ap.add_argument('--steps', type=int, default=60)
     ap.add_argument('--modes', default='sync,async')
     ap.add_argument('--cprofile', type=int, default=0)
-    ap.add_argument('--out', default=None)
+    ap.add_argument('--out', default='profile_host.json', help='JSON file (default: ./profile_host.json)')
     a = ap.parse_args()
     torch.set_num_threads(1)  # the host's work is one thread; the tiny model's forward does not need more
     folder = make_random_model('qwen2.5-0.5b', dtype='float32', max_model_len=4096, seed=0, device='cpu', **TINY)
@@ -90,7 +91,7 @@ def main():
         if prof: print(prof)
         res['modes'].append(row | dict(cprofile=prof))
         del eng, r, saved, patches
-    if a.out: Path(a.out).write_text(json.dumps(res, indent=1))
+    if a.out: Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == '__main__':

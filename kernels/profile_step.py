@@ -1,7 +1,7 @@
 """Where a decode step's time goes, on a GPU: host phases timed with perf_counter, the graph replay with CUDA events.
 
-    PAGED_INFER_CACHE=$PWD/.gpu_cache PYTHONPATH=.:kernels python kernels/profile_step.py --assets .gpu_assets/tokenizer \
-        --shapes qwen2.5-0.5b,llama-3.1-8b --batch 256 --context 512 --modes sync,async --out $OUT/profile_step.json
+    python kernels/profile_step.py --shapes qwen2.5-0.5b,llama-3.1-8b --batch 256 --context 512 --modes sync,async \
+        [--assets DIR] [--out FILE] [--trace DIR]   # default: kernels/results/step_profile/<machine>/profile_<shapes>_b256_ctx512.json
 
 A random-weight model of each shape (`make_random_model`, the folder the throughput benchmark uses); `batch`
 requests of `context` random prompt tokens are prefilled, then the engine runs decode steps (CUDA graphs on), first
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from paged_infer import model_runner as mr
-from paged_infer.benchmark import make_random_model
-from paged_infer.engine import LLMEngine
-from paged_infer.sampling_params import RequestOutputKind, SamplingParams
+from paged_infer.worker import model_runner as mr
+from paged_infer.bench.workloads import make_random_model
+from paged_infer.core.engine import LLMEngine
+from paged_infer.core.sampling_params import RequestOutputKind, SamplingParams
 
 
 def copy_bandwidth() -> float:
@@ -65,16 +65,21 @@ def timed(table, key, fn):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--assets', default='.gpu_assets/tokenizer')
+    ap = argparse.ArgumentParser(description='Where a decode step\'s time goes, on a GPU.')
+    ap.add_argument('--assets', default=None, help='a folder with a tokenizer for the random-weight models (default: the default model\'s, under ~/.cache/paged-infer)')
     ap.add_argument('--shapes', default='qwen2.5-0.5b,llama-3.1-8b')
     ap.add_argument('--batch', type=int, default=256)
     ap.add_argument('--context', type=int, default=512)
     ap.add_argument('--steps', type=int, default=40)
     ap.add_argument('--modes', default='sync,async')
     ap.add_argument('--trace', default=None, help='a folder: write the top kernels (torch profiler) there')
-    ap.add_argument('--out', default=None)
+    ap.add_argument('--out', default=None, help='JSON file (default: kernels/results/step_profile/<machine>/profile_<shapes>_b<batch>_ctx<context>.json)')
     a = ap.parse_args()
+    from lab import default_out, tokenizer_folder
+    a.assets = tokenizer_folder(a.assets)
+    if a.out is None: a.out = default_out('step_profile') / f"profile_{a.shapes.replace(',', '_')}_b{a.batch}_ctx{a.context}.json"
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    if a.trace: Path(a.trace).mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth()
     res = dict(device=torch.cuda.get_device_name(), copy_TBps=bw / 1e12, batch=a.batch, context=a.context, shapes=[])
     rows = []

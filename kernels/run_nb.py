@@ -1,13 +1,14 @@
-"""Run a chapter's code cells, `#| gpu` cells included, where nbdev is not installed (the lent GPU's image).
+"""Run a chapter's code cells, `#| gpu` cells included, on a machine where nbdev is not installed (a bare GPU image).
 
-    PYTHONPATH=. python kernels/run_nb.py nbs/15_kernels.ipynb [nbs/11_model_runner.ipynb ...]
+    python kernels/run_nb.py nbs/15_kernels.ipynb [nbs/11_model_runner.ipynb ...] [--log FILE]
 
 Each notebook runs in this process's fresh namespace, from the nbs/ folder, cells in order, as nbdev's test runner
 would with the gpu flag: cells marked `#| eval: false`, and the `#| hide` cells that call nbdev, are skipped, and so
 is a cell that imports a module the machine lacks (said so in the output). Prints
 each cell's time; the first failing cell stops that notebook (its traceback printed) and the exit status is 1.
+With --log, the same lines also go to FILE (e.g. kernels/results/notebook_gpu/<machine>/15_kernels.log).
 """
-import json, linecache, os, sys, time, traceback
+import argparse, builtins, json, linecache, os, sys, time, traceback
 from pathlib import Path
 
 
@@ -40,4 +41,14 @@ def run(nb: Path) -> bool:
 
 
 if __name__ == '__main__':
-    sys.exit(0 if all([run(Path(p).resolve()) for p in sys.argv[1:]]) else 1)
+    ap = argparse.ArgumentParser(description="Run chapters' code cells, gpu cells included, without nbdev.")
+    ap.add_argument('notebooks', nargs='+', help='notebook files (nbs/*.ipynb)')
+    ap.add_argument('--log', default=None, help='also write the report lines to this file')
+    a = ap.parse_args()
+    if a.log:
+        Path(a.log).resolve().parent.mkdir(parents=True, exist_ok=True)
+        log, _print = open(Path(a.log).resolve(), 'w'), builtins.print
+        def print(*args, **kw):  # the report's lines (the module's print), to the screen and the log
+            _print(*args, **kw); kw.pop('file', None); _print(*args, **kw, file=log)
+    paths = [Path(p).resolve() for p in a.notebooks]
+    sys.exit(0 if all([run(p) for p in paths]) else 1)

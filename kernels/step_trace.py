@@ -1,8 +1,8 @@
 """Where an offline throughput run's time goes, by batch size: each engine step timed, and the CUDA graph of each
 batch size replayed alone.
 
-    PAGED_INFER_CACHE=$PWD/.gpu_cache PYTHONPATH=.:kernels python kernels/step_trace.py --assets .gpu_assets/tokenizer \
-        --shapes qwen2.5-0.5b,llama-3.1-8b --workload sharegpt-like --num-requests 256 --out $OUT/step_trace.json
+    python kernels/step_trace.py --shapes qwen2.5-0.5b,llama-3.1-8b --workload sharegpt-like --num-requests 256 \
+        [--assets DIR] [--out FILE]   # default: kernels/results/step_trace/<machine>/step_trace_<shapes>.json
 
 The throughput benchmark's engine run (`run_engine`'s loop: the same workload, the same sampling parameters, the
 engine's defaults, so async scheduling and CUDA graphs on a GPU), with every `step()` timed by perf_counter and the
@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paged_infer.benchmark import bench_params, make_random_model, make_workload, warm_up
-from paged_infer.engine import EngineConfig, LLMEngine
+from paged_infer.bench.offline import bench_params, warm_up
+from paged_infer.bench.workloads import make_random_model, make_workload
+from paged_infer.core.config import EngineConfig
+from paged_infer.core.engine import LLMEngine
 
 sync = lambda: torch.cuda.is_available() and torch.cuda.synchronize()
 BUCKETS = ((1, 1), (2, 8), (9, 32), (33, 64), (65, 128), (129, 256))
@@ -84,15 +86,19 @@ def graph_times(engine, reps=20):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--assets', default='.gpu_assets/tokenizer')
+    ap = argparse.ArgumentParser(description='Where an offline throughput run\'s time goes, by batch size.')
+    ap.add_argument('--assets', default=None, help='a folder with a tokenizer for the random-weight models (default: the default model\'s, under ~/.cache/paged-infer)')
     ap.add_argument('--shapes', default='qwen2.5-0.5b')
     ap.add_argument('--workload', default='sharegpt-like')
     ap.add_argument('--num-requests', type=int, default=256)
     ap.add_argument('--repeats', type=int, default=2)
     ap.add_argument('--log-compiles', action='store_true')
-    ap.add_argument('--out', default=None)
+    ap.add_argument('--out', default=None, help='JSON file (default: kernels/results/step_trace/<machine>/step_trace_<shapes>.json)')
     a = ap.parse_args()
+    from lab import default_out, tokenizer_folder
+    a.assets = tokenizer_folder(a.assets)
+    if a.out is None: a.out = default_out('step_trace') / f"step_trace_{a.shapes.replace(',', '_')}.json"
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     if a.log_compiles: log_compiles()
     res = dict(device=torch.cuda.get_device_name(), workload=a.workload, num_requests=a.num_requests, shapes=[])
     w = make_workload(a.workload, a.num_requests)

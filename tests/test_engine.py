@@ -10,10 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from paged_infer.default_model import prepare_default_model
-from paged_infer.engine import LLM, EngineConfig, LLMEngine, RequestError
-from paged_infer.model_runner import rows_kept
-from paged_infer.sampling_params import SamplingParams
+from paged_infer.model.default_model import prepare_default_model
+from paged_infer.entrypoints.llm import LLM
+from paged_infer.core.config import EngineConfig
+from paged_infer.core.engine import LLMEngine
+from paged_infer.core.errors import RequestError
+from paged_infer.worker.model_runner import rows_kept
+from paged_infer.core.sampling_params import SamplingParams
 
 N_NEW = 24
 QUESTIONS = ['Hi there!', 'What is the capital of France?', 'Write a short haiku about memory and forgetting, please.',
@@ -298,7 +301,7 @@ def test_async_abort_while_a_step_is_in_flight(shared):
 def test_final_only_outputs_come_once(shared, async_scheduling):
     """RequestOutputKind.FINAL_ONLY (what LLM.generate asks for): no output until the request finishes, then the
     same one as a CUMULATIVE request's last, text included."""
-    from paged_infer.sampling_params import RequestOutputKind
+    from paged_infer.core.sampling_params import RequestOutputKind
     eng = LLMEngine(num_gpu_blocks=64, async_scheduling=async_scheduling)
     p = shared['prompts']
     eng.add_request(p[0], SamplingParams(temperature=0, max_tokens=12), 'cumulative')
@@ -318,7 +321,7 @@ def test_final_only_text_of_a_request_that_fails_midway(shared, async_scheduling
     """A FINAL_ONLY request whose text is read before it ends (its logits processor fails at the 8th token, the 7th forced
     to half a character; its text is decoded at the end, chapter 10's deferred detokenizer) gets the text a CUMULATIVE
     twin's token-by-token decoding gave."""
-    from paged_infer.sampling_params import RequestOutputKind
+    from paged_infer.core.sampling_params import RequestOutputKind
     half = shared['tok'].convert_tokens_to_ids('Ã')  # byte 0xC3 alone: the first half of 'é' (byte-level BPE)
     def boom(out, logits):
         if len(out) == 7: raise ZeroDivisionError('boom')
@@ -473,7 +476,7 @@ def test_multi_step_abort_while_a_launch_is_in_flight(shared):
 
 
 def test_num_scheduler_steps_is_checked():
-    from paged_infer.engine import EngineConfigError
+    from paged_infer.core.config import EngineConfigError
     for bad in (0, -1, 2.5):
         with pytest.raises(EngineConfigError): EngineConfig(num_scheduler_steps=bad)
 

@@ -10,14 +10,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama, Qwen2Config, Qwen2ForCausalLM
 
-from paged_infer.block_manager import BlockManager
-from paged_infer.default_model import prepare_default_model
-from paged_infer.model import LlamaForCausalLM, ModelConfig
-from paged_infer.model_runner import ModelRunner, generate_static, load_model
-from paged_infer.sampler import Sampler
-from paged_infer.sampling_params import SamplingParams
-from paged_infer.sequence import Sequence
-from paged_infer.weights import load_weights
+from paged_infer.cache.block_manager import BlockManager
+from paged_infer.model.default_model import prepare_default_model
+from paged_infer.model.llama import LlamaForCausalLM, ModelConfig
+from paged_infer.worker.model_runner import ModelRunner, load_model
+from paged_infer.bench.offline import generate_static
+from paged_infer.ops.sampler import Sampler
+from paged_infer.core.sampling_params import SamplingParams
+from paged_infer.core.sequence import Sequence
+from paged_infer.model.weights import load_weights
 
 CHATS = ['Hi there!', 'What is the capital of France?', 'Write a short haiku about memory and forgetting, please.',
          'List three uses of a hash table, and say which one you like best and why, in detail.']

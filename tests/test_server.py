@@ -19,10 +19,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from paged_infer.async_engine import AsyncLLMEngine
-from paged_infer.engine import LLM, EngineConfig
-from paged_infer.sampling_params import SamplingParams
-from paged_infer.server import ServerThread, build_app
+from paged_infer.entrypoints.async_engine import AsyncLLMEngine
+from paged_infer.entrypoints.llm import LLM
+from paged_infer.core.config import EngineConfig
+from paged_infer.core.sampling_params import SamplingParams
+from helpers import ServerThread
+from paged_infer.entrypoints.server import build_app
 
 NAME = 'SmolLM2-135M-Instruct'
 BLOCKS = 256

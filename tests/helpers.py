@@ -1,0 +1,30 @@
+"""What the tests share: uvicorn serving an app in a background thread, on a loopback port."""
+import socket
+import threading
+import time
+
+
+class ServerThread:
+    "uvicorn on 127.0.0.1 in a background thread: `with ServerThread(app) as url: ...`."
+
+    def __init__(self, app, host: str = '127.0.0.1', port: int = 0, log_level: str = 'warning'):
+        import uvicorn
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.url = f'http://{host}:{self.sock.getsockname()[1]}'
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={'sockets': [self.sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return self.url
+            time.sleep(0.01)
+        raise RuntimeError('uvicorn did not start')
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
