@@ -1,6 +1,6 @@
 # The two commands of the README, and the set-up they share.
 #   make serve   set up (once), then start the main job
-#   make test    set up (once), then run every test: all notebooks through nbdev's runner, plus tests/
+#   make test    set up (once), then lint the package (ruff) and run every test: all notebooks, plus tests/
 # Set-up is idempotent: a stamp file records that the virtual environment matches settings.ini.
 
 PYTHON ?= python3
@@ -34,6 +34,7 @@ demo: install
 	$(VENV)/bin/paged-infer demo
 
 test: install
+	$(VENV)/bin/ruff check paged_infer
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # The documentation site, built offline from the executed notebooks into docs/_site (docs/build.py says how);

@@ -14,6 +14,7 @@ lic = licenses[cfg['license']]
 min_python = cfg['min_python']
 requirements = cfg.get('requirements', '').split()
 dev_requirements = cfg.get('dev_requirements', '').split()
+plots_requirements = cfg.get('plots_requirements', '').split()
 
 setuptools.setup(
     name=cfg['repo'],
@@ -29,7 +30,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={'dev': dev_requirements},
+    extras_require={'dev': dev_requirements, 'plots': plots_requirements},
     python_requires='>=' + min_python,
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

@@ -159,6 +159,7 @@ def page_header(nb) -> str:
     return f'# {title_of(nb)}\n\n' + (f"> {fm['description']}\n\n" if fm.get('description') else '')
 
 
+REPO_LINK = re.compile(r'\]\(\.\./(?=[^)\s]+\))')  # a link out of nbs/ to a repository file: ](../kernels/
 NB_LINK = re.compile(r'\]\((?![a-z]+:)([^)\s#]+\.ipynb)')  # a markdown link to a notebook: ](00_default_model.ipynb
 
 
@@ -235,11 +236,12 @@ def build_site(md_dir: Path, out: Path, nav: list):
 # 5. README.md ----------------------------------------------------------------------------------------------------
 
 def readme() -> str:
-    "README.md: the processed index notebook, not executed, its notebook links pointing into nbs/."
+    "README.md: the processed index notebook, not executed, its links to notebooks and repository files made right."
     nb = process(NBS / CFG.readme_nb, execute=False)
     md, _ = to_markdown(nb, 'README')
     nbs_dir = NBS.relative_to(ROOT).as_posix()
     md = NB_LINK.sub(rf']({nbs_dir}/\1', md)
+    md = REPO_LINK.sub('](', md)  # ../benchmarks/README.md from nbs/ is benchmarks/README.md from the top
     return page_header(nb) + md
 
 

@@ -339,7 +339,7 @@ def test_cli_serve_logs_pool_and_stops_on_sigterm(tmp_path):
     with socket.socket() as sk:
         sk.bind(('127.0.0.1', 0)); port = sk.getsockname()[1]
     log = open(tmp_path / 'serve.log', 'w+')
-    cmd = [sys.executable, '-c', 'import sys; from paged_infer.cli import main; sys.exit(main())', 'serve', '--host', '127.0.0.1',
+    cmd = [sys.executable, '-c', 'import sys; from paged_infer.entrypoints.cli import main; sys.exit(main())', 'serve', '--host', '127.0.0.1',
            '--port', str(port), '--num-gpu-blocks-override', '64', '--max-model-len', '512', '--served-model-name', 'tiny',
            '--api-key', KEY, '--uvicorn-log-level', 'warning']
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -15,9 +15,11 @@ def cdiv(a: int, b: int) -> int:
     "Ceiling division: how many blocks of `b` tokens hold `a` tokens."
     return -(a // -b)
 
+
 @dataclass
 class BlockTable:
     "A sequence's map from logical blocks to physical block ids, and how many token slots it holds."
+
     block_size: int
     blocks: list[int] = field(default_factory=list)  # physical block id of logical block i
     num_tokens: int = 0  # slots claimed: positions 0 .. num_tokens-1 have a place in `blocks`
@@ -34,31 +36,29 @@ class BlockTable:
 
     def slot(self, pos: int) -> int:
         "Slot in the pool of the token at position `pos`."
-        if not 0 <= pos < self.capacity: raise IndexError(f'position {pos} outside the {self.capacity} slots held')
+        if not 0 <= pos < self.capacity:
+            raise IndexError(f'position {pos} outside the {self.capacity} slots held')
         return self.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
 
 # %% ../../nbs/02_block_table.ipynb #123b0a8e
-def slot_mapping(block_tables: torch.Tensor,  # (num_seqs, max_blocks) physical block ids, -1 = none
-                 seq_idx: torch.Tensor,  # (num_tokens,) which sequence each token belongs to
-                 positions: torch.Tensor,  # (num_tokens,) position of each token in its sequence
-                 block_size: int) -> torch.Tensor:
+def slot_mapping(
+    block_tables: torch.Tensor,  # (num_seqs, max_blocks) physical block ids, -1 = none
+    seq_idx: torch.Tensor,  # (num_tokens,) which sequence each token belongs to
+    positions: torch.Tensor,  # (num_tokens,) position of each token in its sequence
+    block_size: int,
+) -> torch.Tensor:
     "Slot in the KV pool of every token, from the batch's block tables: `table[pos // B] * B + pos % B`."
     blocks = block_tables[seq_idx, positions // block_size]  # (num_tokens,)
-    if bool((blocks < 0).any()): raise IndexError('a position lies past the end of its block table')
+    if bool((blocks < 0).any()):
+        raise IndexError('a position lies past the end of its block table')
     return blocks * block_size + positions % block_size  # (num_tokens,)
 
 # %% ../../nbs/02_block_table.ipynb #59b2206e
-def draw_block_tables(tables: dict,  # name -> BlockTable
-                      num_blocks: int,  # physical blocks in the pool
-                      ref_counts=None,  # optional list: ref count of each physical block, drawn in the pool
-                      title: str = '', ax=None):
-    "Draw sequences' logical blocks with arrows to their physical blocks in the pool (matplotlib)."
-    import matplotlib.pyplot as plt
+def _draw_logical(ax, tables: dict, rows: int, colors):
+    "Each sequence's logical blocks, top to bottom, filled as far as its tokens go, with an arrow to its block."
     from matplotlib.patches import Rectangle
-    colors = plt.get_cmap('tab10')
-    rows = max(num_blocks, sum(len(t.blocks) for t in tables.values()) + len(tables))
-    if ax is None: _, ax = plt.subplots(figsize=(7, 0.32 * rows + 1))
-    y = rows  # logical blocks, top to bottom, one group per sequence
+
+    y = rows  # one group per sequence
     for k, (name, t) in enumerate(tables.items()):
         c = colors(k % 10)
         ax.text(-0.1, y - 0.5, name, ha='right', va='center', fontsize=9)
@@ -67,21 +67,50 @@ def draw_block_tables(tables: dict,  # name -> BlockTable
             ax.add_patch(Rectangle((0, y - 1), 1, 0.9, fc='white', ec=c))
             ax.add_patch(Rectangle((0, y - 1), filled / t.block_size, 0.9, fc=c, alpha=0.5))
             ax.text(0.5, y - 0.55, f'L{i}', ha='center', va='center', fontsize=8)
-            ax.annotate('', xy=(3, rows - b - 0.55), xytext=(1, y - 0.55),
-                        arrowprops=dict(arrowstyle='->', color=c, lw=1))
+            arrow = dict(arrowstyle='->', color=c, lw=1)
+            ax.annotate('', xy=(3, rows - b - 0.55), xytext=(1, y - 0.55), arrowprops=arrow)
             y -= 1
         y -= 1
+
+# %% ../../nbs/02_block_table.ipynb #2c2d0fcd
+def _draw_pool(ax, tables: dict, num_blocks: int, ref_counts, rows: int, colors):
+    "The physical pool: free blocks grey, owned blocks in their sequence's colour, shared blocks hatched."
+    from matplotlib.patches import Rectangle
+
     owners = {}  # physical block -> indices of the tables that name it
     for k, t in enumerate(tables.values()):
-        for b in t.blocks: owners.setdefault(b, []).append(k)
-    for b in range(num_blocks):  # the pool: free blocks grey, owned blocks in their sequence's colour, shared hatched
+        for b in t.blocks:
+            owners.setdefault(b, []).append(k)
+    for b in range(num_blocks):
         rc = ref_counts[b] if ref_counts is not None else None
         own = owners.get(b, [])
         fc = '#eeeeee' if not own else colors(own[0] % 10)
-        ax.add_patch(Rectangle((3, rows - b - 1), 1.2, 0.9, fc=fc, alpha=0.5 if own else 1, ec='gray',
-                               hatch='///' if len(own) > 1 else None))
+        hatch = '///' if len(own) > 1 else None
+        ax.add_patch(Rectangle((3, rows - b - 1), 1.2, 0.9, fc=fc, alpha=0.5 if own else 1, ec='gray', hatch=hatch))
         ax.text(3.6, rows - b - 0.55, f'P{b}' + (f' ref={rc}' if rc else ''), ha='center', va='center', fontsize=7)
-    ax.text(0.5, rows + 0.3, 'logical blocks', ha='center'); ax.text(3.6, rows + 0.3, 'physical pool', ha='center')
-    ax.set_xlim(-1.5, 4.5); ax.set_ylim(-0.5, rows + 1); ax.axis('off')
-    if title: ax.set_title(title)
+
+# %% ../../nbs/02_block_table.ipynb #66811d6d
+def draw_block_tables(
+    tables: dict,  # name -> BlockTable
+    num_blocks: int,  # physical blocks in the pool
+    ref_counts=None,  # optional list: ref count of each physical block, drawn in the pool
+    title: str = '',
+    ax=None,
+):
+    "Draw sequences' logical blocks with arrows to their physical blocks in the pool (matplotlib)."
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap('tab10')
+    rows = max(num_blocks, sum(len(t.blocks) for t in tables.values()) + len(tables))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.32 * rows + 1))
+    _draw_logical(ax, tables, rows, colors)
+    _draw_pool(ax, tables, num_blocks, ref_counts, rows, colors)
+    ax.text(0.5, rows + 0.3, 'logical blocks', ha='center')
+    ax.text(3.6, rows + 0.3, 'physical pool', ha='center')
+    ax.set_xlim(-1.5, 4.5)
+    ax.set_ylim(-0.5, rows + 1)
+    ax.axis('off')
+    if title:
+        ax.set_title(title)
     return ax

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['EngineConfigError', 'EngineConfig']
 
-# %% ../../nbs/12a_config.ipynb #751cb211
+# %% ../../nbs/12a_config.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 from dataclasses import dataclass
 
 import torch
@@ -14,9 +14,11 @@ import torch
 class EngineConfigError(ValueError):
     "Engine settings that are out of range or contradict each other."
 
+
 @dataclass
 class EngineConfig:
     "Everything the engine needs to start: model, memory, scheduling limits."
+
     model: str | None = None  # name, folder, GGUF file or hub id; None = the default model (SmolLM2-135M-Instruct)
     dtype: str = 'auto'  # float32 on CPU, bfloat16 on GPU
     device: str = 'auto'  # 'cuda' when there is a GPU, else 'cpu'
@@ -36,20 +38,40 @@ class EngineConfig:
     seed: int = 0  # for requests without a seed of their own
     enforce_eager: bool = False  # on a GPU, never replay decode steps through CUDA graphs
     tensor_parallel_size: int = 1  # ranks (processes, one GPU each) the model is split over (chapter 18)
-    async_scheduling: bool | None = None  # schedule and launch step t+1 while step t runs; None: on a GPU without tensor parallelism
-    num_scheduler_steps: int = 1  # multi-step: decode steps run per schedule (one launch), when a step holds decodes alone
+    async_scheduling: bool | None = (
+        None  # schedule and launch step t+1 while step t runs; None: on a GPU without tensor parallelism
+    )
+    num_scheduler_steps: int = (
+        1  # multi-step: decode steps run per schedule (one launch), when a step holds decodes alone
+    )
 
     def __post_init__(self):
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): raise EngineConfigError(f'block_size {self.block_size}: a power of two up to 128')
-        if not 0 < self.gpu_memory_utilization <= 1: raise EngineConfigError('gpu_memory_utilization must be in (0, 1]')
-        if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0: raise EngineConfigError('memory sizes must be positive')
-        if self.device == 'auto': self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-        if not (isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1): raise EngineConfigError('tensor_parallel_size must be an integer >= 1')
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise EngineConfigError(f'block_size {self.block_size}: a power of two up to 128')
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise EngineConfigError('gpu_memory_utilization must be in (0, 1]')
+        if self.kv_cache_memory_gb <= 0 or self.swap_space_gb < 0:
+            raise EngineConfigError('memory sizes must be positive')
+        if self.device == 'auto':
+            self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        if not (isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1):
+            raise EngineConfigError('tensor_parallel_size must be an integer >= 1')
         if self.device.startswith('cuda') and self.tensor_parallel_size > torch.cuda.device_count():
-            raise EngineConfigError(f'tensor_parallel_size {self.tensor_parallel_size} needs that many GPUs; this machine has {torch.cuda.device_count()}')
-        if self.async_scheduling is None: self.async_scheduling = self.device.startswith('cuda') and self.tensor_parallel_size == 1
+            raise EngineConfigError(
+                f'tensor_parallel_size {self.tensor_parallel_size} needs that many GPUs; '
+                f'this machine has {torch.cuda.device_count()}'
+            )
+        if self.async_scheduling is None:
+            self.async_scheduling = self.device.startswith('cuda') and self.tensor_parallel_size == 1
         if self.async_scheduling and self.tensor_parallel_size > 1:
-            raise EngineConfigError('async scheduling is not supported with tensor parallelism (the other ranks need every input token on the host)')
-        if not (isinstance(self.num_scheduler_steps, int) and self.num_scheduler_steps >= 1): raise EngineConfigError('num_scheduler_steps must be an integer >= 1')
+            raise EngineConfigError(
+                'async scheduling is not supported with tensor parallelism '
+                '(the other ranks need every input token on the host)'
+            )
+        if not (isinstance(self.num_scheduler_steps, int) and self.num_scheduler_steps >= 1):
+            raise EngineConfigError('num_scheduler_steps must be an integer >= 1')
         if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
-            raise EngineConfigError('multi-step scheduling is not supported with tensor parallelism (the other ranks need every input token on the host)')
+            raise EngineConfigError(
+                'multi-step scheduling is not supported with tensor parallelism '
+                '(the other ranks need every input token on the host)'
+            )

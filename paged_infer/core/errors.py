@@ -5,12 +5,14 @@
 # %% auto #0
 __all__ = ['EngineFatalError', 'RequestError']
 
-# %% ../../nbs/12c_errors.ipynb #9a0116c0
+# %% ../../nbs/12c_errors.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 class EngineFatalError(RuntimeError):
     "The engine itself can run no more steps (a tensor-parallel rank died, say): no request's fault, none is blamed."
 
+
 class RequestError(ValueError):
     "A request the engine refuses; `.param` names the offending field (for the server's 400)."
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message); self.param = param
 
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -5,13 +5,14 @@
 # %% auto #0
 __all__ = ['CompletionOutput', 'RequestOutput', 'EngineStats']
 
-# %% ../../nbs/12b_outputs.ipynb #3ba2d0b4
+# %% ../../nbs/12b_outputs.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 from dataclasses import dataclass
 
 # %% ../../nbs/12b_outputs.ipynb #015443e0
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
+
     index: int
     text: str
     token_ids: list
@@ -20,9 +21,11 @@ class CompletionOutput:
     finish_reason: str | None = None  # 'stop', 'length', 'abort', or None while running
     stop_reason: int | str | None = None  # the stop token id or stop string
 
+
 @dataclass
 class RequestOutput:
     "A request's state after a step: prompt, outputs so far, whether it is finished, and its timing."
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list
@@ -34,9 +37,11 @@ class RequestOutput:
     finished_time: float | None = None
     error: BaseException | None = None  # why the request failed inside a step (then finished, reason 'abort')
 
+
 @dataclass
 class EngineStats:
     "Counters and gauges for the metrics endpoint."
+
     num_running: int
     num_waiting: int
     num_swapped: int

@@ -5,13 +5,14 @@
 # %% auto #0
 __all__ = ['stop_reason', 'check_stop', 'first_stop']
 
-# %% ../../nbs/12d_stopping.ipynb #306e9d6a
+# %% ../../nbs/12d_stopping.ipynb #8dd0d8092fe74a7c96281538738b07e2
 from .sampling_params import SamplingParams
 from .sequence import FinishReason, Sequence
 
-# %% ../../nbs/12d_stopping.ipynb #f2f07e68
-def stop_reason(p: SamplingParams, token: int, num_output_tokens: int, num_tokens: int,
-                eos_token_id: int | None, max_model_len: int) -> FinishReason | None:
+# %% ../../nbs/12d_stopping.ipynb #8763a12b2bbd4a93a75aff182afb95dc
+def stop_reason(
+    p: SamplingParams, token: int, num_output_tokens: int, num_tokens: int, eos_token_id: int | None, max_model_len: int
+) -> FinishReason | None:
     "Why a sequence ends at `token`, its `num_output_tokens`-th output (`num_tokens` in all): STOP, LENGTH or None."
     if num_output_tokens >= p.min_tokens:  # a stop token counts once min_tokens are out
         if token == eos_token_id and not p.ignore_eos:
@@ -24,7 +25,7 @@ def stop_reason(p: SamplingParams, token: int, num_output_tokens: int, num_token
         return FinishReason.LENGTH
     return None
 
-# %% ../../nbs/12d_stopping.ipynb #4f196a7b
+# %% ../../nbs/12d_stopping.ipynb #938c804e27f84196a10c8828c723f798
 def check_stop(seq: Sequence, eos_token_id: int | None, max_model_len: int) -> bool:
     "Finish `seq` if its last token ends it (a stop token, or a length limit); True if it finished."
     token = seq.output_token_ids[-1]
@@ -34,9 +35,15 @@ def check_stop(seq: Sequence, eos_token_id: int | None, max_model_len: int) -> b
     seq.finish(reason, token if reason is FinishReason.STOP else None)
     return True
 
-# %% ../../nbs/12d_stopping.ipynb #48bcd206
-def first_stop(p: SamplingParams, tokens: list, num_output_tokens: int, num_prompt_tokens: int,
-               eos_token_id: int | None, max_model_len: int) -> tuple:
+# %% ../../nbs/12d_stopping.ipynb #59bbdb311c014d738909a11f9e486628
+def first_stop(
+    p: SamplingParams,
+    tokens: list,
+    num_output_tokens: int,
+    num_prompt_tokens: int,
+    eos_token_id: int | None,
+    max_model_len: int,
+) -> tuple:
     "(how many of `tokens` to keep, the reason the run stops there or None), after `num_output_tokens` outputs."
     for j, token in enumerate(tokens):
         m = num_output_tokens + j + 1

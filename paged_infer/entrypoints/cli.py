@@ -21,108 +21,200 @@ def cmd_prepare_model(args) -> int:
 
 # %% ../../nbs/90_cli.ipynb #1201f847
 DEMO_SYSTEM = 'You are a concise assistant. Answer in one sentence, and say when you are not sure.'
-DEMO_QUESTIONS = ['What is paged attention?', 'Why does a KV cache need memory management?',
-                  'Name three planets.', 'What is copy-on-write?']
+DEMO_QUESTIONS = [
+    'What is paged attention?',
+    'Why does a KV cache need memory management?',
+    'Name three planets.',
+    'What is copy-on-write?',
+]
+
 
 def cmd_demo(args) -> int:
     "Offline demo: chat requests sharing a system prompt, answered by the engine on the default model."
     import time
     from paged_infer.entrypoints.llm import LLM
     from paged_infer.core.sampling_params import SamplingParams
+
     llm = LLM(num_gpu_blocks=args.num_blocks, block_size=args.block_size)
     eng = llm.engine
-    print(f'{DEFAULT_MODEL} on {eng.config.device}: KV pool of {eng.num_gpu_blocks} blocks x {eng.config.block_size} tokens')
+    pool = f'KV pool of {eng.num_gpu_blocks} blocks x {eng.config.block_size} tokens'
+    print(f'{DEFAULT_MODEL} on {eng.config.device}: {pool}')
     convs = [[{'role': 'system', 'content': DEMO_SYSTEM}, {'role': 'user', 'content': q}] for q in DEMO_QUESTIONS]
-    llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)  # computes (and caches) the system prompt
+    llm.chat(
+        convs[:1], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False
+    )  # computes (and caches) the system prompt
     t0 = time.perf_counter()
     outs = llm.chat(convs, SamplingParams(temperature=0, max_tokens=args.max_tokens), use_tqdm=False)
     dt = time.perf_counter() - t0
-    for q, o in zip(DEMO_QUESTIONS, outs): print(f'\n> {q}\n{o.outputs[0].text.strip()}')
+    for q, o in zip(DEMO_QUESTIONS, outs):
+        print(f'\n> {q}\n{o.outputs[0].text.strip()}')
     s = eng.stats()
     n = sum(len(o.outputs[0].token_ids) for o in outs)
-    print(f'\n{n} tokens in {dt:.1f} s ({n / dt:.1f} tok/s); prefix cache: {s.prefix_cache_hits} of {s.prefix_cache_queries} '
-          f'prompt tokens reused ({eng.block_manager.prefix_hit_rate:.0%}); {s.num_preemptions} preemptions')
+    print(
+        f'\n{n} tokens in {dt:.1f} s ({n / dt:.1f} tok/s); '
+        f'prefix cache: {s.prefix_cache_hits} of {s.prefix_cache_queries} '
+        f'prompt tokens reused ({eng.block_manager.prefix_hit_rate:.0%}); {s.num_preemptions} preemptions'
+    )
     eng.block_manager.check_invariants()
     print(f'all requests finished: {eng.block_manager.num_free_blocks}/{eng.num_gpu_blocks} blocks free')
     return 0
 
 # %% ../../nbs/90_cli.ipynb #372c2213
-def add_engine_args(p: argparse.ArgumentParser):
-    "The engine flags shared by `serve` and `generate` (vLLM's names)."
-    p.add_argument('model', nargs='?', default=None, help=f'model name, folder, GGUF file or hub id (default: {DEFAULT_MODEL})')
-    p.add_argument('--dtype', default='auto', help="'auto' (float32 on CPU, bfloat16 on GPU), float32, float16, bfloat16")
+def _add_model_args(p: argparse.ArgumentParser):
+    "What runs, where, and how big its KV pool is."
+    p.add_argument(
+        'model', nargs='?', default=None, help=f'model name, folder, GGUF file or hub id (default: {DEFAULT_MODEL})'
+    )
+    p.add_argument(
+        '--dtype', default='auto', help="'auto' (float32 on CPU, bfloat16 on GPU), float32, float16, bfloat16"
+    )
     p.add_argument('--device', default='auto', help="'auto', 'cuda' or 'cpu'")
     p.add_argument('--block-size', type=int, default=16, help='tokens per KV block')
     p.add_argument('--gpu-memory-utilization', type=float, default=0.9, help='share of GPU memory the engine may use')
     p.add_argument('--kv-cache-memory-gb', type=float, default=1.0, help='size of the KV pool on the CPU (GiB)')
     p.add_argument('--num-gpu-blocks-override', type=int, default=None, help='fix the number of KV blocks')
     p.add_argument('--max-model-len', type=int, default=None, help="longest prompt + output (default: the model's)")
+
+# %% ../../nbs/90_cli.ipynb #28f2ff83
+def _add_scheduler_args(p: argparse.ArgumentParser):
+    "How many sequences and tokens a step takes, and what the scheduler does when the pool is full."
     p.add_argument('--max-num-seqs', type=int, default=256, help='sequences in one batch at most')
     p.add_argument('--max-num-batched-tokens', type=int, default=None, help='tokens in one step at most')
     p.add_argument('--swap-space', type=float, default=1.0, help='CPU swap space for preempted blocks (GiB)')
-    p.add_argument('--enable-prefix-caching', action=argparse.BooleanOptionalAction, default=True, help='reuse cached prompt blocks')
-    p.add_argument('--enable-chunked-prefill', action=argparse.BooleanOptionalAction, default=True, help='split long prefills across steps')
-    p.add_argument('--preemption-mode', choices=['recompute', 'swap'], default='recompute', help='how to preempt when the pool is full')
+    p.add_argument(
+        '--enable-prefix-caching',
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='reuse cached prompt blocks',
+    )
+    p.add_argument(
+        '--enable-chunked-prefill',
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='split long prefills across steps',
+    )
+    p.add_argument(
+        '--preemption-mode',
+        choices=['recompute', 'swap'],
+        default='recompute',
+        help='how to preempt when the pool is full',
+    )
+
+# %% ../../nbs/90_cli.ipynb #2e928473
+def _add_run_args(p: argparse.ArgumentParser):
+    "How steps run: seeds, CUDA graphs, tensor parallelism, async and multi-step scheduling."
     p.add_argument('--seed', type=int, default=0, help='seed for requests without their own')
     p.add_argument('--enforce-eager', action='store_true', help='on a GPU, run decode steps eagerly (no CUDA graphs)')
-    p.add_argument('--tensor-parallel-size', '-tp', type=int, default=1, help='split the model over this many processes (GPUs): one engine, workers started by it')
-    p.add_argument('--async-scheduling', action=argparse.BooleanOptionalAction, default=None,
-                   help='schedule and launch the next step while the GPU runs this one (default: on a GPU without tensor parallelism)')
-    p.add_argument('--num-scheduler-steps', type=int, default=1,
-                   help='multi-step: decode steps per schedule, in one launch (fewer host steps per token; streams in chunks)')
+    p.add_argument(
+        '--tensor-parallel-size',
+        '-tp',
+        type=int,
+        default=1,
+        help='split the model over this many processes (GPUs): one engine, workers started by it',
+    )
+    p.add_argument(
+        '--async-scheduling',
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help='schedule and launch the next step while the GPU runs this one '
+        '(default: on a GPU without tensor parallelism)',
+    )
+    p.add_argument(
+        '--num-scheduler-steps',
+        type=int,
+        default=1,
+        help='multi-step: decode steps per schedule, in one launch (fewer host steps per token; streams in chunks)',
+    )
 
+
+def add_engine_args(p: argparse.ArgumentParser):
+    "The engine flags shared by `serve` and `generate` (vLLM's names)."
+    _add_model_args(p)
+    _add_scheduler_args(p)
+    _add_run_args(p)
+
+# %% ../../nbs/90_cli.ipynb #a753326e
 def engine_config(args):
     "EngineConfig from parsed flags."
     from paged_infer.core.config import EngineConfig
-    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
-                        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_gb=args.kv_cache_memory_gb,
-                        num_gpu_blocks=args.num_gpu_blocks_override, swap_space_gb=args.swap_space,
-                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
-                        enable_chunked_prefill=args.enable_chunked_prefill, preemption_mode=args.preemption_mode, seed=args.seed,
-                        enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
-                        async_scheduling=args.async_scheduling, num_scheduler_steps=args.num_scheduler_steps)
 
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
+        num_gpu_blocks=args.num_gpu_blocks_override,
+        swap_space_gb=args.swap_space,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        preemption_mode=args.preemption_mode,
+        seed=args.seed,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+        async_scheduling=args.async_scheduling,
+        num_scheduler_steps=args.num_scheduler_steps,
+    )
+
+# %% ../../nbs/90_cli.ipynb #cc0b4719
 def _read_chat_template(value):
     "A chat template given as a file path or inline Jinja text."
     from pathlib import Path
-    if value is None: return None
+
+    if value is None:
+        return None
     p = Path(value).expanduser()
     return p.read_text() if p.is_file() else value
 
+
 def cmd_serve(args) -> int:
     "Start the OpenAI-compatible server."
-    import logging, uvicorn
+    import logging
+
+    import uvicorn
+
     from paged_infer.entrypoints.async_engine import AsyncLLMEngine
     from paged_infer.core.engine import LLMEngine
     from paged_infer.entrypoints.server import build_app
+
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(asctime)s %(name)s: %(message)s')
     log = logging.getLogger('paged_infer')
     eng = LLMEngine(engine_config(args))
     name = args.served_model_name or (args.model or DEFAULT_MODEL)
     bs = eng.config.block_size
     log.info(f'model {name} on {eng.config.device}, max_model_len {eng.max_model_len}')
-    log.info(f'KV pool: {eng.num_gpu_blocks} blocks x {bs} tokens = {eng.num_gpu_blocks * bs} tokens '
-             f'({eng.max_concurrent_full_length:.1f} sequences of max_model_len at once)')
+    log.info(
+        f'KV pool: {eng.num_gpu_blocks} blocks x {bs} tokens = {eng.num_gpu_blocks * bs} tokens '
+        f'({eng.max_concurrent_full_length:.1f} sequences of max_model_len at once)'
+    )
     engine = AsyncLLMEngine(eng, max_wait_ms=args.scheduler_delay_ms)
     app = build_app(engine, name, api_key=args.api_key, chat_template=_read_chat_template(args.chat_template))
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then restores the previous handler and raises the signal
     # again: this handler turns that second SIGTERM into a normal exit, so that the engine thread is stopped below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try: uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10)
     finally:
         engine.shutdown()
         log.info('engine stopped')
     return 0
 
+# %% ../../nbs/90_cli.ipynb #6fdc3bc1
 def cmd_generate(args) -> int:
     "One-off generation: the prompt as a chat message (or raw text with --raw), printed."
     from paged_infer.entrypoints.llm import LLM
     from paged_infer.core.sampling_params import SamplingParams
+
     llm = LLM(**vars(engine_config(args)))
     sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.sampling_seed)
-    if args.raw: out = llm.generate(args.prompt, sp, use_tqdm=False)
-    else: out = llm.chat([{'role': 'user', 'content': args.prompt}], sp, use_tqdm=False)
+    if args.raw:
+        out = llm.generate(args.prompt, sp, use_tqdm=False)
+    else:
+        out = llm.chat([{'role': 'user', 'content': args.prompt}], sp, use_tqdm=False)
     print(out[0].outputs[0].text)
     return 0
 
@@ -131,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     "The argument parser of `paged-infer`, one subparser per subcommand."
     p = argparse.ArgumentParser(prog='paged-infer', description='paged-infer: a PagedAttention LLM serving engine')
     sub = p.add_subparsers(dest='command', required=True)
-    prep = sub.add_parser('prepare-model', help='convert the default model (SmolLM2-135M-Instruct) into the local cache')
+    prep = sub.add_parser(
+        'prepare-model', help='convert the default model (SmolLM2-135M-Instruct) into the local cache'
+    )
     prep.add_argument('--force', action='store_true', help='convert again even if the cache is complete')
     prep.set_defaults(func=cmd_prepare_model)
     demo = sub.add_parser('demo', help='offline demo: the engine answers a few chat requests on the default model')
@@ -145,9 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument('--port', type=int, default=8000, help='port to listen on')
     serve.add_argument('--api-key', default=None, help='require this key (Authorization: Bearer KEY) on /v1 routes')
     serve.add_argument('--served-model-name', default=None, help='the model name clients send (default: MODEL)')
-    serve.add_argument('--scheduler-delay-ms', type=float, default=10.0, help='wait this long for more arrivals when idle')
+    serve.add_argument(
+        '--scheduler-delay-ms', type=float, default=10.0, help='wait this long for more arrivals when idle'
+    )
     serve.add_argument('--chat-template', default=None, help='a Jinja chat template, or a file holding one')
-    serve.add_argument('--uvicorn-log-level', default='info', choices=['critical', 'error', 'warning', 'info', 'debug', 'trace'])
+    serve.add_argument(
+        '--uvicorn-log-level', default='info', choices=['critical', 'error', 'warning', 'info', 'debug', 'trace']
+    )
     serve.set_defaults(func=cmd_serve)
     gen = sub.add_parser('generate', help='generate once for a prompt and print the text')
     add_engine_args(gen)
@@ -157,9 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument('--temperature', type=float, default=0.0)
     gen.add_argument('--sampling-seed', type=int, default=None)
     gen.set_defaults(func=cmd_generate)
-    from paged_infer.bench.cli import add_bench_parser # chapter 17 owns the bench flags and runs them
+    from paged_infer.bench.cli import add_bench_parser  # chapter 17 owns the bench flags and runs them
+
     add_bench_parser(sub)
     return p
+
 
 def main(argv=None) -> int:
     "Entry point of the `paged-infer` console script."

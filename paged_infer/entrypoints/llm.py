@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['RequestFailedError', 'LLM']
 
-# %% ../../nbs/13b_llm.ipynb #f6047588
+# %% ../../nbs/13b_llm.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 import dataclasses
 import time
 
@@ -16,43 +16,72 @@ from ..core.engine import LLMEngine
 from ..core.sampling_params import RequestOutputKind, SamplingParams
 
 # %% ../../nbs/13b_llm.ipynb #1ab71a60
-from tqdm.auto import tqdm
-
 class RequestFailedError(RuntimeError):
     "A request failed inside a step (its cause is chained); `.outputs` holds every request's output, in prompt order."
+
     def __init__(self, request_id: str, outputs: list):
-        super().__init__(f'request {request_id} failed: {outputs and next(o.error for o in outputs if o.request_id == request_id)!r}')
+        super().__init__(
+            f'request {request_id} failed: {outputs and next(o.error for o in outputs if o.request_id == request_id)!r}'
+        )
         self.request_id, self.outputs = request_id, outputs
+
 
 class LLM:
     "Offline batch generation over an LLMEngine, in the shape of vLLM's `LLM`."
+
     def __init__(self, model: str | None = None, **kwargs):
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
 
-    def get_tokenizer(self): return self.engine.tokenizer
+    def get_tokenizer(self):
+        return self.engine.tokenizer
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list:
         "Generate for each prompt (text, {'prompt_token_ids': [...]}, or a list of those); outputs in prompt order."
-        if isinstance(prompts, (str, dict)): prompts = [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts): raise ValueError(f'{len(prompts)} prompts but {len(params)} SamplingParams')
-        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]  # only final outputs are read
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f'{len(prompts)} prompts but {len(params)} SamplingParams')
+        params = [
+            dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params
+        ]  # only final outputs are read
         ids = []
         try:
             for p, sp in zip(prompts, params):
                 ids.append(self.engine.add_request(p['prompt_token_ids'] if isinstance(p, dict) else p, sp))
         except Exception:  # a bad prompt: take back the ones already queued, so that nothing is left behind
-            for r in ids: self.engine.abort(r)
+            for r in ids:
+                self.engine.abort(r)
             raise
         return self._run(ids, use_tqdm)
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None) -> list:
+    def chat(
+        self,
+        messages,
+        sampling_params=None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list:
         "Generate replies to one conversation (a list of {'role', 'content'}) or a list of conversations."
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        prompts = [{'prompt_token_ids': tok.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                                                return_dict=False, chat_template=chat_template)} for c in convs]
+        prompts = [
+            {
+                'prompt_token_ids': tok.apply_chat_template(
+                    c,
+                    add_generation_prompt=add_generation_prompt,
+                    tokenize=True,
+                    return_dict=False,
+                    chat_template=chat_template,
+                )
+            }
+            for c in convs
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, ids: list, use_tqdm: bool) -> list:
@@ -62,10 +91,13 @@ class LLM:
             for o in self.engine.step():
                 if o.finished:
                     done[o.request_id] = o
-                    if o.error is not None and failed is None: failed = o
-                    n_in += len(o.prompt_token_ids); n_out += sum(len(c.token_ids) for c in o.outputs)
+                    if o.error is not None and failed is None:
+                        failed = o
+                    n_in += len(o.prompt_token_ids)
+                    n_out += sum(len(c.token_ids) for c in o.outputs)
                     dt = time.perf_counter() - t0
-                    bar.set_postfix_str(f'input: {n_in / dt:.1f} tok/s, output: {n_out / dt:.1f} tok/s'); bar.update(1)
+                    bar.set_postfix_str(f'input: {n_in / dt:.1f} tok/s, output: {n_out / dt:.1f} tok/s')
+                    bar.update(1)
         bar.close()
         if failed is not None:  # the others finished: hand them over with the error
             raise RequestFailedError(failed.request_id, [done[r] for r in ids]) from failed.error

@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['graph_batch_sizes', 'DecodeGraphs']
 
-# %% ../../nbs/11a_cuda_graphs.ipynb #c20b18eb
+# %% ../../nbs/11a_cuda_graphs.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 import torch
 
-from ..ops.attention import build_metadata, host_to_device
+from ..ops.attention import AttentionMetadata
 from ..model.llama import LlamaForCausalLM
 
 # %% ../../nbs/11a_cuda_graphs.ipynb #ca7c8d61
@@ -20,32 +20,49 @@ def graph_batch_sizes(max_num_seqs: int) -> list:
 # %% ../../nbs/11a_cuda_graphs.ipynb #74f16ed5
 class DecodeGraphs:
     "The model's decode step captured as CUDA graphs, one per batch size, over static input buffers."
-    def __init__(self, model: LlamaForCausalLM, kv_layers: list, block_size: int, max_model_len: int, batch_sizes: list):
+
+    def __init__(
+        self, model: LlamaForCausalLM, kv_layers: list, block_size: int, max_model_len: int, batch_sizes: list
+    ):
         dev = next(model.parameters()).device
         self.sizes, self.block_size = sorted(batch_sizes), block_size
         B, W = self.sizes[-1], -(-max_model_len // block_size)
-        self.tokens = torch.zeros(5, B, dtype=torch.long, device=dev)  # rows: token ids, positions, slots, source rows, steps
+        self.tokens = torch.zeros(
+            5, B, dtype=torch.long, device=dev
+        )  # rows: token ids, positions, slots, source rows, steps
         self.tokens[2:] = -1  # padding: no slot; no token to take from the step before; no steps
         self.seq_lens = torch.zeros(B, dtype=torch.int32, device=dev)  # padding: 0, nothing to attend to
         self.block_tables = torch.zeros(B, W, dtype=torch.int32, device=dev)
         qsl = torch.arange(B + 1, dtype=torch.int32, device=dev)
         # pinned host copies: a step writes its values here (through numpy views), then one copy each
-        self.host_tokens, self.host_lens, self.host_tables = (t.cpu().pin_memory() for t in (self.tokens, self.seq_lens, self.block_tables))
+        self.host_tokens, self.host_lens, self.host_tables = (
+            t.cpu().pin_memory() for t in (self.tokens, self.seq_lens, self.block_tables)
+        )
         self.copied = torch.cuda.Event()  # the last step's copies are done: the host buffers may be rewritten
         # what each row of host_tables holds: the table (list) written there, its length and its last block; a row whose
-        # table is the same list, as long, with the same last block (copy-on-write replaces only that one) is not rewritten
+        # table is the same list, as long, with the same last block (copy-on-write replaces only that one): kept
         self.row_table, self.row_len, self.row_last = [None] * B, [0] * B, [-1] * B
         self.graphs, self.outputs, pool = {}, {}, None
         for bs in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
-            meta = AttentionMetadata(self.tokens[2, :bs], self.block_tables[:bs], self.seq_lens[:bs], qsl[:bs + 1],
-                                     [max_model_len] * bs, [1] * bs, 0, block_size)  # seq_lens_cpu: a bound only
+            meta = AttentionMetadata(
+                self.tokens[2, :bs],
+                self.block_tables[:bs],
+                self.seq_lens[:bs],
+                qsl[: bs + 1],
+                [max_model_len] * bs,
+                [1] * bs,
+                0,
+                block_size,
+            )  # seq_lens_cpu: a bound only
             run = lambda: model(self.tokens[0, :bs], self.tokens[1, :bs], kv_layers, meta)
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side): run()  # warm-up off the capture: Triton compiles, cuBLAS picks its kernels
+            with torch.cuda.stream(side):
+                run()  # warm-up off the capture: Triton compiles, cuBLAS picks its kernels
             torch.cuda.current_stream(dev).wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool): self.outputs[bs] = run()  # (bs, hidden): written by every replay
+            with torch.cuda.graph(g, pool=pool):
+                self.outputs[bs] = run()  # (bs, hidden): written by every replay
             self.graphs[bs], pool = g, g.pool()
         torch.cuda.synchronize(dev)
 
@@ -53,9 +70,20 @@ class DecodeGraphs:
         "Whether a step with these new-token counts can replay a graph: decodes only, few enough."
         return len(num_new_tokens) <= self.sizes[-1] and all(n == 1 for n in num_new_tokens)
 
-    def run(self, token_ids: list, positions: list, slots: list, seq_lens: list, block_tables: list,
-            pending: list = (), prev_tokens: torch.Tensor | None = None, num_steps: list | None = None) -> torch.Tensor:
-        "Replay the graph of the smallest captured size >= the batch; the final hidden states of the real rows. `pending`: (row, row of `prev_tokens`) inputs still on the device; `num_steps`: each row's steps, for `advance`."
+    def run(
+        self,
+        token_ids: list,
+        positions: list,
+        slots: list,
+        seq_lens: list,
+        block_tables: list,
+        pending: list = (),
+        prev_tokens: torch.Tensor | None = None,
+        num_steps: list | None = None,
+    ) -> torch.Tensor:
+        """Replay the graph of the smallest captured size >= the batch; the final hidden states of the real rows.
+
+        `pending`: (row, row of `prev_tokens`) inputs still on the device; `num_steps`: each row's steps (`advance`)."""
         n = len(token_ids)
         bs = next(b for b in self.sizes if b >= n)
         self.copied.synchronize()
@@ -64,12 +92,15 @@ class DecodeGraphs:
         toks[:2, n:bs], toks[2:, n:bs], lens[:n], lens[n:bs] = 0, -1, seq_lens, 0
         toks[3, :n], toks[4, :n] = -1, 1 if num_steps is None else num_steps
         self.last = (n, bs)
-        for i, r in pending: toks[3, i] = r
+        for i, r in pending:
+            toks[3, i] = r
         width, row_table, row_len, row_last = 0, self.row_table, self.row_len, self.row_last
         for i, t in enumerate(block_tables):  # most steps change a sixteenth of the rows (block size 16)
             m = len(t)
-            if m > width: width = m
-            if row_table[i] is t and row_len[i] == m and row_last[i] == t[-1]: continue
+            if m > width:
+                width = m
+            if row_table[i] is t and row_len[i] == m and row_last[i] == t[-1]:
+                continue
             tables[i, :m] = t
             row_table[i], row_len[i], row_last[i] = t, m, t[-1]
         self.tokens[:, :bs].copy_(self.host_tokens[:, :bs], non_blocking=True)
@@ -83,7 +114,7 @@ class DecodeGraphs:
         return self.outputs[bs][:n]
 
     def advance(self, j: int, tokens: torch.Tensor) -> torch.Tensor:
-        "Step `j` > 0 of a multi-step launch: the last `run`'s rows fed `tokens` (the step before's), moved on on the device, replayed."
+        "Step `j` > 0 of a multi-step launch: the last `run`'s rows fed `tokens` (the step before's) on the device."
         n, bs = self.last
         ids, pos, slots, steps = self.tokens[0, :bs], self.tokens[1, :bs], self.tokens[2, :bs], self.tokens[4, :bs]
         ids[:n].copy_(tokens)

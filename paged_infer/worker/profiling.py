@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['block_bytes', 'profile_num_gpu_blocks']
 
-# %% ../../nbs/11b_memory.ipynb #d687db4e
+# %% ../../nbs/11b_memory.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 import torch
 
 from ..core.config import EngineConfigError
@@ -16,20 +16,27 @@ def block_bytes(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     "Bytes of one KV block: keys and values of `block_size` tokens in every layer."
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8
 
+
 @torch.inference_mode()
 def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size: int, utilization: float) -> int:
     "Blocks that fit in the GPU after the weights and the peak of a `num_tokens` step (one dummy forward pass)."
     from paged_infer.ops.attention import build_metadata
     from paged_infer.model.llama import allocate_kv_cache, kv_cache_layers
+
     c, p = model.config, next(model.parameters())
-    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
     free, total = torch.cuda.mem_get_info()
     used_before = total - free  # weights, CUDA context, other processes
     alloc_before = torch.cuda.memory_allocated()
     n_seqs = max(1, min(max_num_seqs, num_tokens // 256))  # long dummy prompts, as a full-budget prefill step
-    lens = [num_tokens // n_seqs] * n_seqs; lens[0] += num_tokens - sum(lens)
+    lens = [num_tokens // n_seqs] * n_seqs
+    lens[0] += num_tokens - sum(lens)
     tables, b = [], 0
-    for L in lens: nb = -(-L // block_size); tables.append(list(range(b, b + nb))); b += nb
+    for L in lens:
+        nb = -(-L // block_size)
+        tables.append(list(range(b, b + nb)))
+        b += nb
     kv = allocate_kv_cache(c, b, block_size, p.dtype, p.device)
     meta = build_metadata(tables, [0] * n_seqs, lens, block_size, p.device)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=p.device)
@@ -39,8 +46,12 @@ def profile_num_gpu_blocks(model, num_tokens: int, max_num_seqs: int, block_size
     torch.softmax(logits, -1).sort(-1)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - alloc_before  # activations of the step
-    del kv, h, logits; torch.cuda.empty_cache()
+    del kv, h, logits
+    torch.cuda.empty_cache()
     available = total * utilization - used_before - peak
     n = int(available // block_bytes(c, block_size, p.dtype))
-    if n < 1: raise EngineConfigError(f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations')
+    if n < 1:
+        raise EngineConfigError(
+            f'no GPU memory left for the KV cache: {available / 2**30:.2f} GiB after weights and activations'
+        )
     return n

@@ -1,4 +1,15 @@
-import sys, random, time, dataclasses
+"""Differential fuzz of multi-step scheduling on the CPU: random workloads run with one decode step per schedule and
+with K (2, 3, 4 or 8), which must give the same outputs (tokens, text, finish and stop reasons, cumulative logprobs),
+while every launch writes only into blocks its sequence owns alone and that are not prefix-cached (fuzz_harness.py).
+Random block sizes (1-16), pool sizes, max_model_len, recompute or swap preemption, sync or async scheduling,
+aborts, and requests with min_tokens, stop strings, stop token ids, logprobs, seeds, n=2, penalties, ignore_eos.
+
+    python tests/gpu/fuzz_multistep.py [--seed 0] [--seconds 500]
+
+Prints one line per case ('ok', 'DIFF' with the first differences, or 'ERROR' with a traceback).
+Uses the default model (SmolLM2-135M, converted under ~/.cache/paged-infer on first use). No GPU needed.
+"""
+import argparse, sys, random, time, dataclasses
 import os; HERE = os.path.dirname(os.path.abspath(__file__)); sys.path.insert(0, HERE)
 import paged_infer.core.engine as E
 _cache = {}
@@ -10,7 +21,7 @@ def cached(*a, **k):
 E.load_model = cached
 from paged_infer.core.engine import LLMEngine
 from paged_infer.core.sampling_params import SamplingParams as SP
-from harness import run, compare
+from fuzz_harness import run, compare
 
 def make(seed, tok):
     rng = random.Random(seed)
@@ -42,9 +53,13 @@ def make(seed, tok):
     return dict(bs=bs, mml=mml, mode=mode, async_=async_, blocks=blocks, K=K), reqs, aborts
 
 t0 = time.time()
-seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+ap = argparse.ArgumentParser(description='Multi-step scheduling against one step at a time on random workloads (CPU).')
+ap.add_argument('--seed', type=int, default=0, help='the first case; cases count up from it')
+ap.add_argument('--seconds', type=float, default=500, help='stop starting new cases after this long')
+args = ap.parse_args()
+seed = args.seed
 tok = LLMEngine(num_gpu_blocks=8).tokenizer
-while time.time() - t0 < float(sys.argv[2] if len(sys.argv) > 2 else 500):
+while time.time() - t0 < args.seconds:
     cfg, reqs, aborts = make(seed, tok)
     res = []
     try:

@@ -1,6 +1,6 @@
 """Async scheduling on the GPU: the same greedy tokens as the synchronous engine and as Hugging Face, in float32.
 
-    PAGED_INFER_CACHE=$PWD/.gpu_cache PYTHONPATH=.:kernels python kernels/gpu_async_check.py --assets .gpu_assets/tokenizer --out $OUT
+    python tests/gpu/gpu_async_check.py [--assets DIR] [--out DIR]   # writes DIR/gpu_async_check.json
 
 A random-weight model of the Qwen2.5-0.5B shape (its bf16 folder, upcast: float32 makes near-ties rare, and the
 attention kernels multiply float32 exactly, chapter 15). 8 prompts of 24-300 random tokens, greedy, `max_tokens`
@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from gpu_tp_check import first_diff, hf_greedy
 from paged_infer.bench.workloads import make_random_model
 from paged_infer.core.engine import LLMEngine
+from paged_infer.model.default_model import prepare_default_model
 from paged_infer.core.sampling_params import SamplingParams
 
 
@@ -48,10 +49,12 @@ def run(folder, prompts, dtype, seeded=False, **kw):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--assets', default='.gpu_assets/tokenizer')
-    ap.add_argument('--out', default='.')
+    ap = argparse.ArgumentParser(description='Async scheduling and multi-step on the GPU against sync and HF float32.')
+    ap.add_argument('--assets', default=None, help='a folder with the tokenizer (and config.json) to use (default: the default model\'s, converted under ~/.cache/paged-infer on first use)')
+    ap.add_argument('--out', default='.', help='results folder (default: the current directory)')
     a = ap.parse_args()
+    a.assets = a.assets or str(prepare_default_model())
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     folder = make_random_model('qwen2.5-0.5b', tokenizer_folder=a.assets, dtype='bfloat16', max_model_len=8192, seed=0, device='cuda')
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 151936, (int(n),), generator=g).tolist() for n in torch.randint(24, 300, (8,), generator=g)]

@@ -1,16 +1,16 @@
 """The engine on a GPU: the profiled KV pool, CUDA-graph decode against eager, and a workload through both.
 
-    PYTHONPATH=. python kernels/gpu_engine_check.py --assets .gpu_assets/tokenizer --out $OUT/gpu_engine_check.json
+    python tests/gpu/gpu_engine_check.py [--assets DIR] [--out FILE]   # default: ./gpu_engine_check.json
 
 No weights can be downloaded on the GPU machine and the default model is too large to carry there, so the model is
 SmolLM2-135M-shaped with random weights (its config and tokenizer are carried); what is checked is the engine's GPU
 path, not the model's answers:
 1. graphs against eager on the same decode step: a batch of 13 sequences of mixed lengths (so the graph of 16 runs
-   with 3 padding rows), logits compared (final hidden states in runs 4-5), ||graph - eager|| / ||eager||, and the K/V the step wrote;
+   with 3 padding rows), logits compared (its first version compared final hidden states), ||graph - eager|| / ||eager||, and the K/V the step wrote;
 2. per-step time of a decode step, eager and replayed, at batch 1, 16, 64, 256 (contexts ~512 tokens);
 3. a 256-request workload (random lengths, sampled with per-request seeds) through `LLMEngine` with and without
    graphs: output tokens/s, steps, every block free at the end.
-Greedy parity against Hugging Face (with and without graphs) is `kernels/gpu_parity.py`.
+Greedy parity against Hugging Face (with and without graphs) is `tests/gpu/gpu_parity.py`.
 """
 import argparse, json, shutil, statistics, tempfile, time
 from pathlib import Path
@@ -21,15 +21,18 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from paged_infer.ops.attention import build_metadata
 from paged_infer.cache.block_manager import BlockManager
 from paged_infer.core.engine import LLMEngine
+from paged_infer.model.default_model import prepare_default_model
 from paged_infer.worker.cuda_graphs import graph_batch_sizes
 from paged_infer.worker.model_runner import ModelRunner, load_model
 from paged_infer.core.sampling_params import SamplingParams
 from paged_infer.core.sequence import Sequence
 
-ap = argparse.ArgumentParser()
-ap.add_argument('--assets', default='.gpu_assets/tokenizer')
-ap.add_argument('--out', default=None)
+ap = argparse.ArgumentParser(description='The engine on a GPU: profiled pool, CUDA-graph decode against eager, a workload.')
+ap.add_argument('--assets', default=None, help='a folder with the config.json and tokenizer of the SmolLM2-135M shape to use (default: the default model\'s, converted under ~/.cache/paged-infer on first use)')
+ap.add_argument('--out', default='gpu_engine_check.json', help='JSON file (default: ./gpu_engine_check.json)')
 a = ap.parse_args()
+a.assets = a.assets or str(prepare_default_model())
+Path(a.out).resolve().parent.mkdir(parents=True, exist_ok=True)
 assert torch.cuda.is_available()
 folder = Path(tempfile.mkdtemp()) / 'smollm2-random'
 cfg = AutoConfig.from_pretrained(a.assets)

@@ -1,6 +1,6 @@
 """Greedy parity on the GPU: the engine through the Triton kernels, eager and with CUDA graphs, against Hugging Face.
 
-    PYTHONPATH=. python kernels/gpu_parity.py --assets .gpu_assets/tokenizer --out $OUT
+    python tests/gpu/gpu_parity.py [--shapes qwen2.5-0.5b,llama-3.1-8b] [--assets DIR] [--out DIR]   # writes DIR/gpu_parity.json
 
 Random-weight models of two named shapes (Qwen2.5-0.5B, Llama-3.1-8B), built here because no weights can be
 downloaded on the GPU machine, with the SmolLM2 tokenizer carried along (only token ids matter). For each shape,
@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from paged_infer.core.engine import LLMEngine
+from paged_infer.model.default_model import prepare_default_model
 from paged_infer.core.sampling_params import SamplingParams
 
 SHAPES = {
@@ -48,11 +49,13 @@ def token_logprobs(model, seq: list, start: int) -> torch.Tensor:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--assets', default='.gpu_assets/tokenizer')
-    ap.add_argument('--out', default='.')
+    ap = argparse.ArgumentParser(description='Greedy parity on the GPU against Hugging Face, bf16.')
+    ap.add_argument('--assets', default=None, help='a folder with the tokenizer (and config.json) to use (default: the default model\'s, converted under ~/.cache/paged-infer on first use)')
+    ap.add_argument('--out', default='.', help='results folder (default: the current directory)')
     ap.add_argument('--shapes', default=','.join(SHAPES))
     a = ap.parse_args()
+    a.assets = a.assets or str(prepare_default_model())
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     rows = []
     for name in a.shapes.split(','):
         cfg = SHAPES[name]()

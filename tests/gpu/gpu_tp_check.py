@@ -1,6 +1,6 @@
 """Tensor parallelism on two GPUs (NCCL): greedy parity of 2 ranks against 1 rank and Hugging Face.
 
-    PAGED_INFER_CACHE=$PWD/.gpu_cache PYTHONPATH=. python kernels/gpu_tp_check.py --assets .gpu_assets/tokenizer --out $OUT
+    python tests/gpu/gpu_tp_check.py [--parts tiny,8b] [--assets DIR] [--out DIR]   # two GPUs; writes DIR/gpu_tp_check.json
 
 1. tiny: chapter 18's two small shapes (Llama-like, 8 heads over 2 KV heads, llama3 rope; Qwen2-like, 4 heads over 1
    KV head replicated, qkv bias, tied, odd vocabulary), float32 on cuda: TP=1, TP=2 and HF `generate`, 4 prompts x 12
@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from paged_infer.bench.workloads import make_random_model
 from paged_infer.core.engine import LLMEngine
+from paged_infer.model.default_model import prepare_default_model
 from paged_infer.core.sampling_params import SamplingParams
 
 ROWS = []
@@ -113,7 +114,7 @@ def eight_b(a):
             ('fp32 tp2 preempt-swap', 'float32', 2, True, dict(num_gpu_blocks=40, num_cpu_blocks=256, preemption_mode='swap')),
             ('fp32 tp2 chunked', 'float32', 2, True, dict(max_num_batched_tokens=64)),
             ('bf16 tp1 eager', 'bfloat16', 1, True, {}), ('bf16 tp1 graphs', 'bfloat16', 1, False, {}),
-            ('bf16 tp2', 'bfloat16', 2, True, {})]  # with CUDA graphs and TP: kernels/tp_graphs_attempt.patch (hangs; NOTES.md)
+            ('bf16 tp2', 'bfloat16', 2, True, {})]  # CUDA graphs with TP are not supported (docs/journal.md)
     if a.runs: plan = [r for r in plan if r[0] in a.runs.split(',') or r[0] == 'bf16 tp1 eager']
     for name, dtype, tp, eager, kw in plan:
         toks, lps, info = run_engine(folder, prompts, N, dtype, tp, eager, **kw)
@@ -151,12 +152,14 @@ def eight_b(a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--assets', default='.gpu_assets/tokenizer')
-    ap.add_argument('--out', default='.')
+    ap = argparse.ArgumentParser(description='Tensor parallelism on two GPUs: greedy parity against one rank and HF.')
+    ap.add_argument('--assets', default=None, help='a folder with the tokenizer (and config.json) to use (default: the default model\'s, converted under ~/.cache/paged-infer on first use)')
+    ap.add_argument('--out', default='.', help='results folder (default: the current directory)')
     ap.add_argument('--parts', default='tiny,8b')
     ap.add_argument('--runs', default='', help="8b: only these runs (names as in the plan, comma-separated; 'bf16 tp1 eager' always)")
     a = ap.parse_args()
+    a.assets = a.assets or str(prepare_default_model())
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     print(f'{torch.cuda.device_count()} GPUs: {torch.cuda.get_device_name(0)}; torch {torch.__version__}', flush=True)
     if 'tiny' in a.parts: tiny(a)
     if '8b' in a.parts: eight_b(a)
