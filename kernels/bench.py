@@ -1,4 +1,4 @@
-"""Check and time the Triton kernels of `paged_infer.ops.kernels` on a CUDA GPU, side by side with torch SDPA (flash).
+"""Check and time the Triton kernels of `paged_infer.ops` (cache_kernels, decode_attention, prefill_attention) on a CUDA GPU, side by side with torch SDPA (flash).
 
     python kernels/bench.py                          # on a GPU: results in kernels/results/triton_kernels/<machine>/
     python kernels/bench.py --smoke --out /tmp/smoke # tiny shapes on a CPU through Triton's interpreter
@@ -23,8 +23,9 @@ import torch.nn.functional as F
 import triton
 
 from paged_infer.ops.attention import build_metadata, paged_attention_ref, store_kv
-from paged_infer.ops.kernels import (copy_blocks_triton, decode_num_splits, num_sms, paged_attention_triton,
-                                 paged_decode_attention, paged_prefill_attention, store_kv_triton)
+from paged_infer.ops.cache_kernels import copy_blocks_triton, store_kv_triton
+from paged_infer.ops.decode_attention import decode_num_splits, num_sms, paged_decode_attention
+from paged_infer.ops.prefill_attention import paged_attention_triton, paged_prefill_attention
 
 DEV = 'cpu' if SMOKE else 'cuda'
 BF16 = torch.float32 if SMOKE else torch.bfloat16  # the interpreter's tl.dot is wrong in bf16

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paged_infer.bench.offline import _sync as sync, left_padded, load_hf_model
+from paged_infer.bench.hf_baseline import _sync as sync, left_padded, load_hf_model
 from paged_infer.bench.workloads import make_random_model, make_workload
 
 

@@ -1,12 +1,12 @@
 """Run a chapter's code cells, `#| gpu` cells included, on a machine where nbdev is not installed (a bare GPU image).
 
-    python kernels/run_nb.py nbs/15_kernels.ipynb [nbs/11_model_runner.ipynb ...] [--log FILE]
+    python kernels/run_nb.py nbs/15c_decode_attention.ipynb [nbs/11_model_runner.ipynb ...] [--log FILE]
 
 Each notebook runs in this process's fresh namespace, from the nbs/ folder, cells in order, as nbdev's test runner
 would with the gpu flag: cells marked `#| eval: false`, and the `#| hide` cells that call nbdev, are skipped, and so
 is a cell that imports a module the machine lacks (said so in the output). Prints
 each cell's time; the first failing cell stops that notebook (its traceback printed) and the exit status is 1.
-With --log, the same lines also go to FILE (e.g. kernels/results/notebook_gpu/<machine>/15_kernels.log).
+With --log, the same lines also go to FILE (e.g. kernels/results/notebook_gpu/<machine>/kernels.log).
 """
 import argparse, builtins, json, linecache, os, sys, time, traceback
 from pathlib import Path

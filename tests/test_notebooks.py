@@ -1,7 +1,7 @@
 """Every notebook in nbs/ run through nbdev's own runner, one pytest test per notebook, each in a fresh process.
 
 nbdev's runner honours `#| eval: false` and the skip flags of settings.ini (`tst_flags`: notest, gpu, slow).
-Set PAGED_INFER_TEST_FLAGS="gpu" (space separated) to run flagged cells too, as on the lent GPU.
+Set PAGED_INFER_TEST_FLAGS="gpu" (space separated) to run flagged cells too, on a machine with a GPU.
 A fresh process per notebook, as a learner runs one: state (an imported Triton, a set environment variable such as
 TRITON_INTERPRET) cannot leak from one chapter into the next.
 """

@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['beam_score', 'propose', 'BeamSearch']
 
-# %% ../../nbs/13a_beam_search.ipynb #c78a13ee
+# %% ../../nbs/13a_beam_search.ipynb #b50de978
 from fastcore.basics import patch
 
 from .scheduler import SequenceGroup
 from .sequence import FinishReason, Sequence
 from .stopping import stop_reason
 
-# %% ../../nbs/13a_beam_search.ipynb #618e900c
+# %% ../../nbs/13a_beam_search.ipynb #467e24c8
 def beam_score(logprob: float, length: int, alpha: float) -> float:
     "A finished hypothesis's score: its log-probability over its length to the power `alpha` (`length_penalty`)."
     return logprob / (length**alpha)
@@ -23,7 +23,7 @@ def propose(s: Sequence, samples, i: int):
     k = 2 * s.params.num_seqs_to_sample
     s.beam_proposals = list(zip(samples.top_ids[i, :k].tolist(), samples.top_logprobs[i, :k].tolist()))
 
-# %% ../../nbs/13a_beam_search.ipynb #5e6f9ca5
+# %% ../../nbs/13a_beam_search.ipynb #74dad700
 class BeamSearch:
     """Beam search as Hugging Face runs it, over forked sequences (copy-on-write blocks).
 
@@ -39,7 +39,7 @@ class BeamSearch:
         self._next_beams(g, beams, cands)  # 3.
         self._maybe_stop(g)  # 4.
 
-# %% ../../nbs/13a_beam_search.ipynb #8d29eff1
+# %% ../../nbs/13a_beam_search.ipynb #2043af50
 @patch
 def _ends(self: BeamSearch, s: Sequence, token: int) -> FinishReason | None:
     "Whether appending `token` would end beam `s` (the stop rules of chapter 12d), and why."

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['LLMEngine', 'needs_every_token', 'InFlight']
 
-# %% ../../nbs/13_engine.ipynb #e0d26499
+# %% ../../nbs/13_engine.ipynb #afacb4e6
 import dataclasses
 import itertools
 import time
@@ -30,7 +30,7 @@ from ..worker.cuda_graphs import graph_batch_sizes
 from ..worker.model_runner import ModelRunner, load_model
 from ..worker.profiling import block_bytes, profile_num_gpu_blocks
 
-# %% ../../nbs/13_engine.ipynb #1d223c84
+# %% ../../nbs/13_engine.ipynb #eb51ad41
 class LLMEngine(Postprocessor, BeamSearch):
     "A continuous-batching LLM engine: add requests, call `step` until they finish."
 
@@ -63,7 +63,7 @@ class LLMEngine(Postprocessor, BeamSearch):
         self.num_generation_tokens = 0
         self._ids = itertools.count()
 
-# %% ../../nbs/13_engine.ipynb #0182ffcf
+# %% ../../nbs/13_engine.ipynb #cf0b86eb
 @patch
 def _load_model(self: LLMEngine):
     "Load the model and tokenizer; with tensor parallelism start the other ranks and return them (else None)."
@@ -95,7 +95,7 @@ def _pool_sizes(self: LLMEngine, budget: int, peers) -> tuple:
     n_cpu = c.num_cpu_blocks if c.num_cpu_blocks is not None else int(c.swap_space_gb * 2**30 // bb)
     return n_blocks, n_cpu
 
-# %% ../../nbs/13_engine.ipynb #90d75185
+# %% ../../nbs/13_engine.ipynb #4b5bd016
 @patch(as_prop=True)
 def num_gpu_blocks(self: LLMEngine) -> int:
     "Blocks in the KV pool."
@@ -120,7 +120,7 @@ def has_unfinished_requests(self: LLMEngine) -> bool:
     "Whether any request is still waiting, running or swapped out."
     return bool(self.groups)
 
-# %% ../../nbs/13_engine.ipynb #44719663
+# %% ../../nbs/13_engine.ipynb #8c1a51d0
 @patch
 def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None) -> tuple:
     "Tokenize and validate a request without queueing it: (token ids, text or None, params with max_tokens set)."
@@ -156,7 +156,7 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
         )
     return ids, text, params
 
-# %% ../../nbs/13_engine.ipynb #cc3d4f1d
+# %% ../../nbs/13_engine.ipynb #20feb89f
 def needs_every_token(p: SamplingParams) -> bool:
     "Whether a request's next step needs its newest token on the host: forks, beams, penalties, logits processors."
     penalties = p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
@@ -203,7 +203,7 @@ def _forget(self: LLMEngine, g: SequenceGroup):
     for s in g.seqs + [h for _, h in g.hyps]:
         self.detoks.pop(s.seq_id, None)
 
-# %% ../../nbs/13_engine.ipynb #8d65902a
+# %% ../../nbs/13_engine.ipynb #0842f39c
 @patch
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed (one each)."
@@ -227,7 +227,7 @@ def _latest(outputs: list) -> list:
     "One output per request: its latest."
     return list({o.request_id: o for o in outputs}.values())
 
-# %% ../../nbs/13_engine.ipynb #262b5249
+# %% ../../nbs/13_engine.ipynb #c9156415
 @patch
 def _normal_step(self: LLMEngine, outputs: list):
     "One step at a time: schedule, launch, wait for the sampled tokens, postprocess."
@@ -240,7 +240,7 @@ def _normal_step(self: LLMEngine, outputs: list):
         outputs += self._finish(launched)
     self._release_if_idle()
 
-# %% ../../nbs/13_engine.ipynb #5a4aa730
+# %% ../../nbs/13_engine.ipynb #810edfaf
 @patch
 def _overlap_step(self: LLMEngine, outputs: list):
     "Overlapped: schedule and launch step t+1 while step t runs on the device, then postprocess step t."
@@ -257,7 +257,7 @@ def _overlap_step(self: LLMEngine, outputs: list):
         outputs += self._finish(launched)  # (no request left: its rows are all dropped, nothing to wait for later)
     self._release_if_idle()
 
-# %% ../../nbs/13_engine.ipynb #fb7ab3bb
+# %% ../../nbs/13_engine.ipynb #88e25d2f
 @dataclass
 class InFlight:
     "A launched step: what was scheduled, the sequences that sample, and their tokens to come (a StepFuture, or None)."
@@ -312,7 +312,7 @@ def _release_if_idle(self: LLMEngine):
     if not self.groups:
         self.runner.last_sampling = None
 
-# %% ../../nbs/13_engine.ipynb #1faf4822
+# %% ../../nbs/13_engine.ipynb #a3f2f470
 @patch
 def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
     "Start the step on the device; count its tokens as computed and its samples as pending."
@@ -340,7 +340,7 @@ def _finish(self: LLMEngine, f: InFlight) -> list:
     samples = f.future.result() if f.future is not None else None
     return self._postprocess(f.out, f.sampled, samples)
 
-# %% ../../nbs/13_engine.ipynb #a7e0bccc
+# %% ../../nbs/13_engine.ipynb #17426b36
 def _random_states(engine: LLMEngine, seqs: list) -> list:
     "The random streams a step draws from, with their states (to put back before running the step again)."
     gens = [s.generator for s in seqs] + [engine.runner.sampler.generator]
@@ -390,7 +390,7 @@ def _step_without_culprits(self: LLMEngine, out, error: Exception) -> list:
     )
     return outputs + self._finish(self._launch(out))
 
-# %% ../../nbs/13_engine.ipynb #03bfb3f3
+# %% ../../nbs/13_engine.ipynb #68854e80
 @patch
 def stats(self: LLMEngine) -> EngineStats:
     "Queue lengths, KV usage, preemptions, prefix-cache counters, token counters."

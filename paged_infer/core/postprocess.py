@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['Postprocessor']
 
-# %% ../../nbs/13_postprocess.ipynb #8c7fbebb
+# %% ../../nbs/13_postprocess.ipynb #ee64d2c8
 import time
 
 from fastcore.basics import patch
@@ -19,7 +19,7 @@ from .sequence import FinishReason, Sequence, SequenceStatus
 from .stopping import first_stop, stop_reason
 from ..ops.sampler import SamplerOutput, seeded_generator
 
-# %% ../../nbs/13_postprocess.ipynb #1a7c71a3
+# %% ../../nbs/13_postprocess.ipynb #9954013d
 class Postprocessor:
     """The engine's third part: a step's sampled tokens appended, stop rules applied, forks made, outputs built.
 
@@ -59,7 +59,7 @@ class Postprocessor:
         "Whether a request reports now: every step, unless it asked for its final output only."
         return g.params.output_kind is not RequestOutputKind.FINAL_ONLY or g.is_finished
 
-# %% ../../nbs/13_postprocess.ipynb #02e589f9
+# %% ../../nbs/13_postprocess.ipynb #413a0821
 @patch
 def _append_rows(self: Postprocessor, sampled: list, samples, now: float, changed: set) -> tuple:
     "2. Every sampled row appends its token; (whether a sequence finished, the beam-search requests to step)."
@@ -110,7 +110,7 @@ def _fork(self: Postprocessor, g: SequenceGroup, s: Sequence) -> Sequence:
         d.step(list(s.output_token_ids))
     return child
 
-# %% ../../nbs/13_postprocess.ipynb #0b7637ec
+# %% ../../nbs/13_postprocess.ipynb #4a8f4686
 @patch
 def _append(self: Postprocessor, s: Sequence, samples, i: int, tok: int, lp: float):
     "Append row `i`'s token `tok` (log-probability `lp`; the top ones from `samples`) to `s`, then apply the stops."
@@ -136,7 +136,7 @@ def _append(self: Postprocessor, s: Sequence, samples, i: int, tok: int, lp: flo
         d.flush()
         s.finish(FinishReason.LENGTH)
 
-# %% ../../nbs/13_postprocess.ipynb #d4d76493
+# %% ../../nbs/13_postprocess.ipynb #5a4a0e59
 @patch
 def _append_steps(self: Postprocessor, sampled: list, samples, num_steps: list, now: float, changed: set) -> bool:
     "A multi-step launch's tokens ((K, B) on the host), each sequence's in order until it finishes; True if one did."
@@ -187,7 +187,7 @@ def _append_run(self: Postprocessor, s: Sequence, toks: list, lps: list):
         d.flush()
         s.finish(FinishReason.LENGTH)
 
-# %% ../../nbs/13_postprocess.ipynb #0e10004a
+# %% ../../nbs/13_postprocess.ipynb #cd6849f8
 @patch
 def _detokenizer(self: Postprocessor, seq: Sequence) -> IncrementalDetokenizer:
     "A sequence's incremental detokenizer (chapter 10), with its request's stop strings."
