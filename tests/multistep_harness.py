@@ -1,4 +1,4 @@
-"""Helpers of fuzz_multistep.py: run an engine over timed arrivals and aborts with every launch checked, compare outputs."""
+"""Helpers of test_multistep_fuzz.py: run an engine over timed arrivals and aborts with every launch checked, compare outputs."""
 import random, time, sys
 import torch
 from paged_infer.core.engine import LLMEngine
