@@ -199,14 +199,20 @@ def _never_fits(self: Scheduler, need: int) -> bool:
 
 # %% ../../nbs/12_scheduler.ipynb #52b20945
 @patch
-def _drop(self: Scheduler, queue, g: SequenceGroup, out: SchedulerOutput):
-    "Finish a request that can never run again with reason 'length': out of `queue`, its blocks freed."
+def _end_group(self: Scheduler, queue, g: SequenceGroup, reason: FinishReason):
+    "Take `g` out of `queue`, free its sequences' blocks, finish the unfinished ones with `reason`."
     queue.remove(g)
     for s in g.seqs:
         if s.seq_id in self.bm.tables or s.seq_id in self.bm.cpu_tables:
             self.bm.free(s.seq_id)
         if not s.is_finished:
-            s.finish(FinishReason.LENGTH)
+            s.finish(reason)
+
+
+@patch
+def _drop(self: Scheduler, queue, g: SequenceGroup, out: SchedulerOutput):
+    "Finish a request that can never run again with reason 'length': out of `queue`, its blocks freed."
+    self._end_group(queue, g, FinishReason.LENGTH)
     out.ignored.append(g)
 
 
@@ -324,11 +330,6 @@ def abort(self: Scheduler, request_id: str) -> SequenceGroup | None:
         for g in list(queue):
             if g.request_id != request_id:
                 continue
-            queue.remove(g)
-            for s in g.seqs:
-                if s.seq_id in self.bm.tables or s.seq_id in self.bm.cpu_tables:
-                    self.bm.free(s.seq_id)
-                if not s.is_finished:
-                    s.finish(FinishReason.ABORT)
+            self._end_group(queue, g, FinishReason.ABORT)
             return g
     return None
