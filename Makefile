@@ -11,6 +11,10 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.paged-infer-installed
 PYTEST_ARGS ?=
+# Tests run in TEST_WORKERS processes (pytest-xdist), each with one CPU thread: on a 2-core CPU a second thread makes a
+# decode step of the default model only a little faster, while a second one-thread process runs as fast as the first
+# (benchmarks/results/test_time/cpu/threads_vs_processes.log).
+TEST_WORKERS ?= 2
 
 .PHONY: install serve demo test docs readme clean
 
@@ -35,7 +39,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check paged_infer
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
 
 # The documentation site, built offline from the executed notebooks into docs/_site (docs/build.py says how);
 # it writes README.md from nbs/index.ipynb too. `make readme` only rewrites README.md (fast, nothing runs).

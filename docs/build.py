@@ -3,6 +3,7 @@
     .venv/bin/python docs/build.py                  # site into docs/_site, README.md from nbs/index.ipynb
     .venv/bin/python docs/build.py --readme-only    # README.md only: fast, nothing is executed
     .venv/bin/python docs/build.py --out DIR --build-dir DIR --readme-out FILE   # elsewhere (the tests do this)
+    .venv/bin/python docs/build.py --results FILE --flags gpu   # also write how each notebook ran; run gpu cells
 
 nbdev normally hands its processed notebooks to Quarto, which cannot be installed here. This script keeps nbdev's
 own processing and replaces Quarto by nbconvert and MkDocs (Material theme). For every notebook:
@@ -22,6 +23,7 @@ Then:
 5. Write README.md from index.ipynb, with chapter links pointing into nbs/.
 """
 import argparse
+import json
 import logging
 import multiprocessing
 import multiprocessing.pool
@@ -196,16 +198,21 @@ class _NonDaemonContext(type(multiprocessing.get_context('fork'))):
     Process = _NonDaemonProcess
 
 
-def write_pages(notebooks: list, md_dir: Path, flags: set, workers: int) -> list:
-    "Steps 1-3 for every notebook, each in a fresh process; the navigation, or exit naming the notebooks that failed."
+def write_pages(notebooks: list, md_dir: Path, flags: set, workers: int, results: Path = None) -> list:
+    """Steps 1-3 for every notebook, each in a fresh process; the navigation, or exit naming the notebooks that failed.
+    With `results`, first write there, as JSON, how each notebook went: {name: {"ok": bool, "error": text}}."""
     with multiprocessing.pool.Pool(workers, maxtasksperchild=1, context=_NonDaemonContext()) as pool:
         jobs = {nb: pool.apply_async(write_page, (nb, md_dir, flags)) for nb in notebooks}
-        nav, failed = [], []
+        nav, failed, report = [], [], {}
         for nb, job in jobs.items():
-            try: nav.append(job.get())
+            try:
+                nav.append(job.get())
+                report[nb.name] = {'ok': True, 'error': ''}
             except Exception as e:
                 failed.append(nb.name)
+                report[nb.name] = {'ok': False, 'error': f'{type(e).__name__}: {e}'}
                 print(f'\n{type(e).__name__}: {e}', file=sys.stderr)
+    if results: results.write_text(json.dumps(report, indent=1) + '\n')
     if failed: sys.exit(f'docs build FAILED: {", ".join(failed)} (traceback above)')
     return nav
 
@@ -253,6 +260,7 @@ def main():
     p.add_argument('--readme-only', action='store_true', help='write README.md only (nothing is executed)')
     p.add_argument('--flags', default='', help='tst_flags whose cells run anyway, space separated (e.g. gpu)')
     p.add_argument('--workers', type=int, default=2, help='notebooks executed at once')
+    p.add_argument('--results', type=Path, help='write how each notebook ran here, as JSON (the tests read it)')
     args = p.parse_args()
     t0 = time.time()
 
@@ -266,7 +274,7 @@ def main():
     shutil.rmtree(args.build_dir, ignore_errors=True)
     args.build_dir.mkdir(parents=True)
     print(f'executing {len(notebooks)} notebooks in {NBS}')
-    nav = write_pages(notebooks, args.build_dir, flags, args.workers)
+    nav = write_pages(notebooks, args.build_dir, flags, args.workers, args.results)
     copy_images(args.build_dir)
     build_site(args.build_dir, args.out, nav)
     print(f'site built in {time.time() - t0:.0f} s: {args.out / "index.html"}')

@@ -1,11 +1,12 @@
 """The documentation site and README.md, as docs/build.py makes them (see its docstring).
 
-The site is built once for this module, into a temporary folder; that executes every notebook once (so it takes
-about as long as tests/test_notebooks.py). Checked: every notebook has its page with its title, in the navigation,
-in order; no `#|` directive shows in code; pages show printed outputs, and the figures of notebooks that use
-matplotlib as real image files; the API reference (show_doc) names a function or class of each module; no page
-loads anything from the internet; README.md is what `docs/build.py --readme-only` writes now; a failing notebook
-fails the build, named; and, where /usr/bin/chromium exists, a page renders to a non-blank screenshot.
+The site is built once per test session, into a temporary folder (the `build` fixture of conftest.py); that executes
+every notebook once, and tests/test_notebooks.py reads from the same build how each notebook ran. Checked: every
+notebook has its page with its title, in the navigation, in order; no `#|` directive shows in code; pages show
+printed outputs, and the figures of notebooks that use matplotlib as real image files; the API reference (show_doc)
+names a function or class of each module; no page loads anything from the internet; README.md is what `docs/build.py
+--readme-only` writes now; a failing notebook fails the build, named; and, where /usr/bin/chromium exists, a page
+renders to a non-blank screenshot.
 Pages are named as on nbdev's sites: nbs/00_default_model.ipynb -> default_model.html, index.ipynb -> index.html.
 """
 import ast
@@ -19,17 +20,12 @@ import pytest
 from bs4 import BeautifulSoup
 from nbdev.config import get_config
 
+from conftest import BUILD, run_build
+
 ROOT = Path(__file__).resolve().parents[1]
-BUILD = ROOT / 'docs' / 'build.py'
 CFG = get_config(path=ROOT)
 NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').glob('*.ipynb') if not p.name.startswith(('_', '.')))
 IDS = [p.stem for p in NOTEBOOKS]
-
-
-def run_build(*args, timeout=3600):
-    "Run docs/build.py with `args`; the completed process."
-    return subprocess.run([sys.executable, str(BUILD), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def page_name(nb: Path) -> str:
@@ -58,13 +54,6 @@ def text(el) -> str:
     "An element's text without the ¶ permalinks."
     for a in el.select('a.headerlink'): a.decompose()
     return el.get_text().strip()
-
-
-@pytest.fixture(scope='module')
-def build(tmp_path_factory):
-    "The one build of the site for this module: (its folder, the finished build.py process)."
-    tmp = tmp_path_factory.mktemp('docs')
-    return tmp, run_build('--out', tmp / 'site', '--build-dir', tmp / 'md', '--readme-out', tmp / 'README.md')
 
 
 def test_site_builds(build):
@@ -182,7 +171,7 @@ spec = importlib.util.spec_from_file_location('docs_build', sys.argv[1])
 build = sys.modules['docs_build'] = importlib.util.module_from_spec(spec)  # registered: its workers unpickle it
 spec.loader.exec_module(build)
 build.NBS = Path(sys.argv[2])
-build.write_pages([build.NBS / '99_broken.ipynb'], Path(sys.argv[3]), set(), 1)
+build.write_pages([build.NBS / '99_broken.ipynb'], Path(sys.argv[3]), set(), 1, Path(sys.argv[4]))
 '''
 
 
@@ -191,10 +180,13 @@ def test_failing_notebook_fails_the_build(tmp_path):
     (tmp_path / 'nbs').mkdir()
     cells = [nbformat.v4.new_markdown_cell('# Broken'), nbformat.v4.new_code_cell('1/0')]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / 'nbs' / '99_broken.ipynb')
-    r = subprocess.run([sys.executable, '-c', BROKEN, str(BUILD), str(tmp_path / 'nbs'), str(tmp_path / 'md')],
+    r = subprocess.run([sys.executable, '-c', BROKEN, str(BUILD), str(tmp_path / 'nbs'), str(tmp_path / 'md'),
+                        str(tmp_path / 'results.json')],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert 'docs build FAILED: 99_broken.ipynb' in r.stderr and 'ZeroDivisionError' in r.stderr, r.stderr
+    report = json.loads((tmp_path / 'results.json').read_text())  # what tests/test_notebooks.py reads
+    assert not report['99_broken.ipynb']['ok'] and 'ZeroDivisionError' in report['99_broken.ipynb']['error'], report
 
 
 CHROMIUM = Path('/usr/bin/chromium')

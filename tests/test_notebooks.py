@@ -1,33 +1,31 @@
-"""Every notebook in nbs/ run through nbdev's own runner, one pytest test per notebook, each in a fresh process.
+"""Every notebook in nbs/ runs, top to bottom, each in a fresh process: one pytest test per notebook.
 
-nbdev's runner honours `#| eval: false` and the skip flags of settings.ini (`tst_flags`: notest, gpu, slow).
-Set PAGED_INFER_TEST_FLAGS="gpu" (space separated) to run flagged cells too, on a machine with a GPU.
+The notebooks run once per test session, in the build of the documentation site (the `build` fixture of conftest.py,
+docs/build.py): with execnb's shell, as nbdev's own runner `nbdev_test` runs them, skipping what it skips
+(`#| eval: false` and the flags of settings.ini's `tst_flags`: notest, gpu, slow). Set PAGED_INFER_TEST_FLAGS="gpu"
+(space separated) to run flagged cells too, on a machine with a GPU.
 A fresh process per notebook, as a learner runs one: state (an imported Triton, a set environment variable such as
 TRITON_INTERPRET) cannot leak from one chapter into the next.
 """
-import os
-import subprocess
-import sys
+import json
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').glob('*.ipynb') if not p.name.startswith('_'))
+NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').glob('*.ipynb') if not p.name.startswith(('_', '.')))
 
-RUN = """
-import os, sys
-from pathlib import Path
-import nbdev.test  # the module, not test_nb itself
-from nbdev.config import get_config
-root, nb = Path(sys.argv[1]), Path(sys.argv[2])
-ok, secs = nbdev.test.test_nb(nb, skip_flags=get_config(path=root).tst_flags.split(),
-                              force_flags=os.environ.get('PAGED_INFER_TEST_FLAGS', '').split(), basepath=root)
-sys.exit(0 if ok else 1)
-"""
+
+@pytest.fixture(scope='session')
+def results(build) -> dict:
+    "How each notebook ran in the build: {name: {'ok': bool, 'error': text}}."
+    tmp, r = build
+    f = tmp / 'results.json'
+    assert f.is_file(), f'docs/build.py ran no notebook\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}'
+    return json.loads(f.read_text())
 
 
 @pytest.mark.parametrize('nb', NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook(nb: Path):
-    r = subprocess.run([sys.executable, '-c', RUN, str(ROOT), str(nb)], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, f'{nb.name} failed:\n{r.stderr[-6000:]}'
+def test_notebook(results, nb: Path):
+    assert nb.name in results, f'{nb.name} was not executed'
+    assert results[nb.name]['ok'], f'{nb.name} failed:\n{results[nb.name]["error"][-6000:]}'
