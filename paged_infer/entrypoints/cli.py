@@ -177,6 +177,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from paged_infer.entrypoints.async_engine import AsyncLLMEngine
+    from paged_infer.entrypoints.drain import DrainingServer
     from paged_infer.core.engine import LLMEngine
     from paged_infer.entrypoints.server import build_app
 
@@ -192,11 +193,15 @@ def cmd_serve(args) -> int:
     )
     engine = AsyncLLMEngine(eng, max_wait_ms=args.scheduler_delay_ms)
     app = build_app(engine, name, api_key=args.api_key, chat_template=_read_chat_template(args.chat_template))
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then restores the previous handler and raises the signal
-    # again: this handler turns that second SIGTERM into a normal exit, so that the engine thread is stopped below
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10
+    )
+    server = DrainingServer(config, app.state.drain, grace_s=args.shutdown_grace_s)  # drains on SIGTERM (16c)
+    # uvicorn restores the previous SIGTERM handler when it returns and raises the signal again: this handler turns
+    # that second SIGTERM into a normal exit, so that the engine thread is stopped below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10)
+        server.run()
     finally:
         engine.shutdown()
         log.info('engine stopped')
@@ -242,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
         '--scheduler-delay-ms', type=float, default=10.0, help='wait this long for more arrivals when idle'
     )
     serve.add_argument('--chat-template', default=None, help='a Jinja chat template, or a file holding one')
+    serve.add_argument(
+        '--shutdown-grace-s', type=float, default=30.0, help='on SIGTERM, wait this long for running requests to end'
+    )
     serve.add_argument(
         '--uvicorn-log-level', default='info', choices=['critical', 'error', 'warning', 'info', 'debug', 'trace']
     )

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from ..core.sampling_params import SamplingParams, SamplingParamsError
 
@@ -41,14 +41,37 @@ class APIError(Exception):
     def body(self) -> dict:
         return {'error': {'message': self.message, 'type': self.type, 'param': self.param, 'code': self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def response(self, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 # %% ../../nbs/16_protocol.ipynb #b9210111
-Int = Annotated[int, Strict()]
+def _integral(v):
+    "JSON Schema's integer: 2.0 is one (an integer-valued number), true is not."
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int, Strict(), BeforeValidator(_integral)]
+
+
+def integer(**limits):
+    "An `Int` within `limits` (Field's ge, le...): the limits before the validator, so that the schema shows them."
+    return Annotated[int, Strict(), Field(**limits), BeforeValidator(_integral)]
+
+
 Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
+Text = Annotated[str, Strict(), Field(min_length=1)]  # a stop string, a prompt: never empty
+TokenId = integer(ge=0)
+Penalty = Annotated[float, Strict(), Field(ge=-2, le=2)]
+SAFE_INT = 2**53 - 1  # the largest integer every JSON reader (a JavaScript one too) holds exactly: a seed's bound
+MaxTokens = integer(ge=1, description='prompt plus max_tokens must fit max_model_len')
+NONEMPTY = Field(min_length=1)
+TokenIds = Annotated[list[TokenId], NONEMPTY]
+_TokenKey = Annotated[str, Field(pattern=r'^[0-9]+$')]
+LogitBias = Annotated[  # token id (a JSON key: a string of digits) -> bias; the schema says that other keys are refused
+    dict[_TokenKey, Annotated[Float, Field(ge=-100, le=100)]], Field(json_schema_extra={'additionalProperties': False})
+]
 
 
 # %% ../../nbs/16_protocol.ipynb #bbe65d92
@@ -64,26 +87,27 @@ class _SamplingFields(_Strict):
     "The fields chat and completions requests share."
 
     model: Str
-    max_tokens: Int | None = None
-    temperature: Float | None = None
-    top_p: Float | None = None
-    top_k: Int | None = None
-    min_p: Float | None = None
-    n: Int | None = 1
-    best_of: Int | None = None
-    use_beam_search: Bool | None = False
-    stop: Str | list[Str] | None = None
-    stop_token_ids: list[Int] | None = None
-    seed: Int | None = None
-    presence_penalty: Float | None = None
-    frequency_penalty: Float | None = None
-    repetition_penalty: Float | None = None
-    logit_bias: dict[str, Float] | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: Annotated[Float, Field(ge=0)] | None = None
+    top_p: Annotated[Float, Field(gt=0, le=1)] | None = None
+    top_k: integer(ge=-1, description='0 or -1: off') | None = None
+    min_p: Annotated[Float, Field(ge=0, le=1)] | None = None
+    n: integer(ge=1) | None = 1
+    best_of: integer(ge=1, description='>= n; not with stream') | None = None
+    use_beam_search: Annotated[Bool, Field(description='needs best_of or n > 1, no sampling knobs')] | None = False
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: integer(ge=-SAFE_INT, le=SAFE_INT) | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[Float, Field(gt=0)] | None = None
+    logit_bias: LogitBias | None = None
     ignore_eos: Bool | None = False
-    min_tokens: Int | None = 0
+    min_tokens: integer(ge=0, description='<= max_tokens') | None = 0
     user: Str | None = None
     stream: Bool | None = False
-    stream_options: StreamOptions | None = None
+    stream_options: Annotated[StreamOptions, Field(description='only with stream')] | None = None
+
 
 # %% ../../nbs/16_protocol.ipynb #2853510c
 class TextPart(_Strict):
@@ -99,15 +123,15 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = None
+    max_completion_tokens: integer(ge=1, description='replaces max_tokens') | None = None
     logprobs: Bool | None = False
-    top_logprobs: Int | None = None
+    top_logprobs: integer(ge=0, le=20, description='needs logprobs true') | None = None
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Str | list[Str] | list[Int] | list[list[Int]]
-    max_tokens: Int | None = 16  # OpenAI's default for completions
-    logprobs: Int | None = None
+    prompt: Text | Annotated[list[Text], NONEMPTY] | TokenIds | Annotated[list[TokenIds], NONEMPTY]
+    max_tokens: MaxTokens | None = 16  # OpenAI's default for completions
+    logprobs: integer(ge=0, le=20, description='not with echo') | None = None
     echo: Bool | None = False
 
 # %% ../../nbs/16_protocol.ipynb #24f75a77
@@ -234,17 +258,32 @@ def sampling_params(req: _SamplingFields, max_num_seqs: int) -> SamplingParams:
     return p
 
 # %% ../../nbs/16_protocol.ipynb #f5924428
+def _non_text_part(body) -> tuple | None:
+    "The place and type of the first chat content part that is not text (an image, audio, a file), if any."
+    messages = body.get('messages') if isinstance(body, dict) else None
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get('content') if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get('type') not in (None, 'text'):
+                return f'messages.{i}.content.{j}', part['type']
+    return None
+
+
 def validation_error(exc: RequestValidationError) -> APIError:
-    "The first pydantic/FastAPI validation error as an OpenAI 400."
+    "An OpenAI 400 for a body that fails validation: a content part this model cannot read, else the first error."
+    part = _non_text_part(getattr(exc, 'body', None))
+    if part is not None:
+        return APIError(400, f'this model takes text only: {part[0]} is a {part[1]!r} part', part[0])
     errs = exc.errors()
     if not errs:
         return APIError(400, 'invalid request')
-    e = errs[0]
+    # a union (str | list[str] | list[int]...) fails once per branch: a broken limit (an empty string, a negative token
+    # id) says more than "should be a valid string", so the first error of the first field that is not a type error
+    same = [e for e in errs if e.get('loc', ())[:2] == errs[0].get('loc', ())[:2]]
+    e = next((e for e in same if not e['type'].endswith('_type')), errs[0])
     loc = [str(x) for x in e.get('loc', ()) if x != 'body']
-    # a union (e.g. str | list) reports a branch name (like 'str' or 'list[...]') in the location: drop those
-    loc = [
-        x for x in loc if not (x[:1].islower() and ('[' in x or x in ('str', 'int', 'float', 'bool', 'function-after')))
-    ]
+    # and it names the branch (like 'str', 'constrained-int' or 'list[...]') in the location: drop those
+    loc = [x for x in loc if not (x[:1].islower() and ('[' in x or '-' in x or x in ('str', 'int', 'float', 'bool')))]
     param = '.'.join(loc) or None
     if e['type'] == 'json_invalid':
         return APIError(400, f"malformed JSON in the request body: {e.get('ctx', {}).get('error', e['msg'])}")

@@ -21,6 +21,7 @@ import paged_infer
 from ..core.errors import RequestError
 from ..core.sampling_params import SamplingParams, SamplingParamsError
 from .async_engine import AsyncLLMEngine
+from .drain import Drain, DrainGuard
 from .metrics import ServerMetrics
 from paged_infer.entrypoints.protocol import (
     APIError,
@@ -29,6 +30,7 @@ from paged_infer.entrypoints.protocol import (
     CompletionRequest,
     CompletionResponse,
     ErrorResponse,
+    ModelCard,
     ModelList,
     chat_logprobs,
     completion_logprobs,
@@ -253,15 +255,53 @@ def _add_error_handlers(app: FastAPI):
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):
-        return APIError(exc.status_code, str(exc.detail)).response()
+        return APIError(exc.status_code, str(exc.detail)).response(exc.headers)  # a 405 keeps its Allow header
 
     @app.exception_handler(Exception)
     async def _internal(request, exc):
         return APIError(500, f'internal error: {type(exc).__name__}: {exc}').response()
 
-# %% ../../nbs/16_server.ipynb #8a7e575c
-def _openapi_without_422(app: FastAPI):
-    "The app's OpenAPI schema, without FastAPI's 422 responses and their schemas."
+# %% ../../nbs/16_server.ipynb #200a375a
+def _each(schema: dict):
+    "A property's schemas that are not null: itself, or the branches of its anyOf."
+    return [s for s in schema.get('anyOf', [schema]) if s.get('type') != 'null']
+
+
+def _integers(schema: dict):
+    "Every integer schema nested in `schema`."
+    if schema.get('type') == 'integer':
+        yield schema
+    for sub in [*schema.get('anyOf', []), *([schema['items']] if 'items' in schema else [])]:
+        yield from _integers(sub)
+
+
+def _limits(schema: dict, name: str, engine, api_key: str | None):
+    "Write the served model, the engine's limits and the API key's scheme into the OpenAPI `schema`."
+    cfg, vocab = engine.config, engine.model.config.vocab_size
+    for req in ('ChatCompletionRequest', 'CompletionRequest'):
+        props = schema['components']['schemas'][req]['properties']
+        props['model'] = {'type': 'string', 'enum': [name], 'title': 'Model', 'description': 'the served model'}
+        for field, top in [('n', cfg.max_num_seqs), ('best_of', cfg.max_num_seqs), ('max_tokens', engine.max_model_len),
+                           ('max_completion_tokens', engine.max_model_len)]:
+            for s in _each(props.get(field, {})):
+                s['maximum'] = top
+        for field in ('prompt', 'stop_token_ids'):
+            for s in _integers(props.get(field, {})):
+                s['maximum'] = vocab - 1
+    schema['paths']['/v1/models/{model}']['get']['parameters'][0]['schema']['enum'] = [name]
+    if api_key:
+        schema['components']['securitySchemes'] = {'bearer': {'type': 'http', 'scheme': 'bearer'}}
+        for path, ops in schema['paths'].items():
+            for op in ops.values() if path.startswith('/v1/') else []:
+                op['security'] = [{'bearer': []}]
+                op['responses']['401'] = {'description': 'missing or wrong API key', 'content': _ERROR_JSON}
+
+
+_ERROR_JSON = {'application/json': {'schema': {'$ref': '#/components/schemas/ErrorResponse'}}}
+
+
+def _openapi(app: FastAPI, name: str, engine, api_key: str | None):
+    "The app's OpenAPI schema: FastAPI's, without its 422 responses, with this server's limits."
 
     def openapi():
         if app.openapi_schema is None:
@@ -269,8 +309,9 @@ def _openapi_without_422(app: FastAPI):
             for ops in schema['paths'].values():
                 for op in ops.values():
                     op.get('responses', {}).pop('422', None)
-            for name in ('HTTPValidationError', 'ValidationError'):
-                schema.get('components', {}).get('schemas', {}).pop(name, None)
+            for key in ('HTTPValidationError', 'ValidationError'):
+                schema.get('components', {}).get('schemas', {}).pop(key, None)
+            _limits(schema, name, engine, api_key)
         return app.openapi_schema
 
     return openapi
@@ -290,14 +331,14 @@ def build_app(
         version=paged_infer.__version__,
         description='An OpenAI-compatible server over a PagedAttention engine.',
     )
-    app.state.route = r
+    app.state.route, app.state.drain = r, Drain()
     created = int(time.time())
     _add_error_handlers(app)
     stream_doc = {
         200: {'content': {'text/event-stream': {}}, 'description': 'JSON, or server-sent events when stream is true'}
     }
-    errors = [(400, 'invalid request'), (401, 'missing or wrong API key'), (404, 'unknown model')]
-    errors.append((413, 'body too large'))
+    errors = [(400, 'invalid request'), (404, 'unknown model')]  # 401 when there is a key: _limits
+    errors += [(413, 'body too large'), (503, 'the engine has stopped, or the server is draining')]
     err_doc = {c: {'description': d, 'model': ErrorResponse} for c, d in errors}
 
     @app.post('/v1/chat/completions', response_model=ChatCompletionResponse, responses={**stream_doc, **err_doc})
@@ -309,29 +350,44 @@ def build_app(
         return await _completions(r, req, request)
 
     _add_info_routes(app, async_engine, served_model_name, created)
-    app.openapi = _openapi_without_422(app)
+    app.openapi = _openapi(app, served_model_name, async_engine.engine, api_key)
+    app.add_middleware(DrainGuard, drain=app.state.drain)  # chapter 16c: counts requests, refuses new ones if draining
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
     return app
 
 # %% ../../nbs/16_server.ipynb #9b0fb0fd
 def _add_info_routes(app: FastAPI, async_engine: AsyncLLMEngine, served_model_name: str, created: int):
-    "GET /v1/models, /health, /version and /metrics."
+    "GET /v1/models, /v1/models/{model}, /health, /version and /metrics."
+    card = {
+        'id': served_model_name,
+        'object': 'model',
+        'created': created,
+        'owned_by': 'paged-infer',
+        'max_model_len': async_engine.engine.max_model_len,
+    }
+    not_found = {404: {'description': 'unknown model', 'model': ErrorResponse}}
 
     @app.get('/v1/models', response_model=ModelList)
     async def models():
-        card = {
-            'id': served_model_name,
-            'object': 'model',
-            'created': created,
-            'owned_by': 'paged-infer',
-            'max_model_len': async_engine.engine.max_model_len,
-        }
         return {'object': 'list', 'data': [card]}
 
-    @app.get('/health')
+    @app.get('/v1/models/{model:path}', response_model=ModelCard, responses=not_found)
+    async def model(model: str):
+        if model != served_model_name:
+            raise APIError(404, f'The model `{model}` does not exist.', 'model', 'model_not_found')
+        return card
+
+    health_doc = {
+        200: {'description': 'the engine runs (an empty body)'},
+        503: {'description': 'the engine has stopped, or the server is draining', 'model': ErrorResponse},
+    }
+
+    @app.get('/health', response_class=Response, responses=health_doc)
     async def health():
         if not async_engine.is_running:
             raise APIError(503, 'the engine thread has stopped')
+        if app.state.drain.draining:
+            raise APIError(503, f'draining: {app.state.drain.active} requests still running', code='draining')
         return Response(status_code=200)
 
     @app.get('/version')

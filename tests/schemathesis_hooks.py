@@ -1,0 +1,60 @@
+"""schemathesis hooks for tests/test_server.py::test_openapi_conformance (loaded through SCHEMATHESIS_HOOKS).
+
+Before each call of a completions route:
+- a request that the schema allows is mended where it breaks a rule that JSON Schema cannot state, so that it is
+  still a request the server must accept (each rule is written in the field's description, and tests/test_server.py's
+  table of bad requests checks its 400): `top_logprobs` needs `logprobs`; `best_of >= n`; `min_tokens <= max_tokens`;
+  no `best_of` or beam search with `stream`; `stream_options` only with `stream`; no `echo` with `logprobs`; beam
+  search needs more than one sequence and no sampling knobs; logit_bias keys are token ids below the vocabulary size.
+- `max_tokens` and `max_completion_tokens` are held to at most 8 whatever the mode, if they were valid, so that an
+  accepted request is quick (a valid value stays valid: the mode of the case does not change).
+"""
+import schemathesis
+
+CAP = 8
+MAX_MODEL_LEN = 2048  # of the server under test: long enough for the prompts schemathesis makes
+VOCAB = 49152  # SmolLM2's vocabulary
+ROUTES = ('/v1/chat/completions', '/v1/completions')
+
+
+def _valid_count(v) -> bool:
+    "A token count the schema allows (an integer, or an integer-valued number) over CAP."
+    integral = isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+    return integral and CAP < v <= MAX_MODEL_LEN
+
+
+def _mend(b: dict, chat: bool):
+    if chat and b.get('top_logprobs') is not None:
+        b['logprobs'] = True
+    n = b.get('n') if b.get('n') is not None else 1
+    if b.get('best_of') is not None and b['best_of'] < n:
+        b['best_of'] = n
+    budget = b.get('max_completion_tokens') if chat and b.get('max_completion_tokens') is not None else b.get('max_tokens')
+    if budget is None:
+        budget = CAP
+        b['max_completion_tokens' if chat else 'max_tokens'] = CAP
+    if (b.get('min_tokens') or 0) > budget:
+        b['min_tokens'] = budget
+    if b.get('stream'):
+        b['best_of'], b['use_beam_search'] = None, False
+    elif b.get('stream_options') is not None:
+        b['stream_options'] = None
+    if not chat and b.get('echo') and b.get('logprobs') is not None:
+        b['echo'] = False
+    if b.get('use_beam_search'):
+        sampling = any(b.get(k) is not None for k in ('top_p', 'top_k', 'min_p')) or (b.get('temperature') or 0) > 0
+        if sampling or max(n, b.get('best_of') or 1) < 2:
+            b['use_beam_search'] = False
+    if isinstance(b.get('logit_bias'), dict):
+        b['logit_bias'] = {k: v for k, v in b['logit_bias'].items() if int(k) < VOCAB}
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    if case.path not in ROUTES or not isinstance(case.body, dict):
+        return
+    for key in ('max_tokens', 'max_completion_tokens'):
+        if _valid_count(case.body.get(key)):
+            case.body[key] = CAP
+    if case.meta is not None and case.meta.generation.mode.is_positive:
+        _mend(case.body, chat=case.path == ROUTES[0])
