@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
-from ..core.sampling_params import SamplingParams, SamplingParamsError
+from ..core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 
 # %% ../../nbs/16_protocol.ipynb #be11d0bb
 _ERROR_TYPES = {
@@ -59,18 +59,25 @@ def integer(**limits):
 
 
 Float = Annotated[float, Strict()]
+
+
+def number(**limits):
+    "A `Float` within `limits` (Field's ge, gt, le)."
+    return Annotated[float, Strict(), Field(**limits)]
+
+
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
-Text = Annotated[str, Strict(), Field(min_length=1)]  # a stop string, a prompt: never empty
+NONEMPTY = Field(min_length=1)
+Text = Annotated[str, Strict(), NONEMPTY]  # a stop string, a prompt: never empty
 TokenId = integer(ge=0)
-Penalty = Annotated[float, Strict(), Field(ge=-2, le=2)]
+Penalty = number(ge=-2, le=2)
 SAFE_INT = 2**53 - 1  # the largest integer every JSON reader (a JavaScript one too) holds exactly: a seed's bound
 MaxTokens = integer(ge=1, description='prompt plus max_tokens must fit max_model_len')
-NONEMPTY = Field(min_length=1)
 TokenIds = Annotated[list[TokenId], NONEMPTY]
 _TokenKey = Annotated[str, Field(pattern=r'^[0-9]+$')]
 LogitBias = Annotated[  # token id (a JSON key: a string of digits) -> bias; the schema says that other keys are refused
-    dict[_TokenKey, Annotated[Float, Field(ge=-100, le=100)]], Field(json_schema_extra={'additionalProperties': False})
+    dict[_TokenKey, number(ge=-100, le=100)], Field(json_schema_extra={'additionalProperties': False})
 ]
 
 
@@ -88,10 +95,10 @@ class _SamplingFields(_Strict):
 
     model: Str
     max_tokens: MaxTokens | None = None
-    temperature: Annotated[Float, Field(ge=0)] | None = None
-    top_p: Annotated[Float, Field(gt=0, le=1)] | None = None
+    temperature: number(ge=0) | None = None
+    top_p: number(gt=0, le=1) | None = None
     top_k: integer(ge=-1, description='0 or -1: off') | None = None
-    min_p: Annotated[Float, Field(ge=0, le=1)] | None = None
+    min_p: number(ge=0, le=1) | None = None
     n: integer(ge=1) | None = 1
     best_of: integer(ge=1, description='>= n; not with stream') | None = None
     use_beam_search: Annotated[Bool, Field(description='needs best_of or n > 1, no sampling knobs')] | None = False
@@ -100,7 +107,7 @@ class _SamplingFields(_Strict):
     seed: integer(ge=-SAFE_INT, le=SAFE_INT) | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repetition_penalty: Annotated[Float, Field(gt=0)] | None = None
+    repetition_penalty: number(gt=0) | None = None
     logit_bias: LogitBias | None = None
     ignore_eos: Bool | None = False
     min_tokens: integer(ge=0, description='<= max_tokens') | None = 0
@@ -125,13 +132,13 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: integer(ge=1, description='replaces max_tokens') | None = None
     logprobs: Bool | None = False
-    top_logprobs: integer(ge=0, le=20, description='needs logprobs true') | None = None
+    top_logprobs: integer(ge=0, le=MAX_LOGPROBS, description='needs logprobs true') | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: Text | Annotated[list[Text], NONEMPTY] | TokenIds | Annotated[list[TokenIds], NONEMPTY]
     max_tokens: MaxTokens | None = 16  # OpenAI's default for completions
-    logprobs: integer(ge=0, le=20, description='not with echo') | None = None
+    logprobs: integer(ge=0, le=MAX_LOGPROBS, description='not with echo') | None = None
     echo: Bool | None = False
 
 # %% ../../nbs/16_protocol.ipynb #24f75a77

@@ -123,9 +123,9 @@ class _Route:
         self.tok = engine.engine.tokenizer
         self.metrics = ServerMetrics(engine, name)
 
-    def check_model(self, req):
-        if req.model != self.name:
-            raise APIError(404, f'The model `{req.model}` does not exist.', 'model', 'model_not_found')
+    def check_model(self, model: str):
+        if model != self.name:
+            raise APIError(404, f'The model `{model}` does not exist.', 'model', 'model_not_found')
 
     def check(self, req, prompts: list) -> SamplingParams:
         params = sampling_params(req, self.engine.engine.config.max_num_seqs)
@@ -171,7 +171,7 @@ async def collect(outputs, request: Request | None, poll_s: float = 0.25) -> dic
 
 # %% ../../nbs/16_server.ipynb #9b80230b
 async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None = None):
-    r.check_model(req)
+    r.check_model(req.model)
     prompt = chat_prompt(r.tok, req.messages, r.chat_template)
     params = r.check(req, [prompt])
     rid, created = f'chatcmpl-{uuid.uuid4().hex}', int(time.time())
@@ -204,7 +204,7 @@ async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None =
 
 # %% ../../nbs/16_server.ipynb #d2f4ffdf
 async def _completions(r: _Route, req: CompletionRequest, request: Request | None = None):
-    r.check_model(req)
+    r.check_model(req.model)
     prompts = completion_prompts(r.tok, req.prompt)
     params = r.check(req, prompts)
     rid, created, n = f'cmpl-{uuid.uuid4().hex}', int(time.time()), params.n
@@ -275,6 +275,9 @@ def _integers(schema: dict):
         yield from _integers(sub)
 
 
+_ERROR_JSON = {'application/json': {'schema': {'$ref': '#/components/schemas/ErrorResponse'}}}
+
+
 def _limits(schema: dict, name: str, engine, api_key: str | None):
     "Write the served model, the engine's limits and the API key's scheme into the OpenAPI `schema`."
     cfg, vocab = engine.config, engine.model.config.vocab_size
@@ -296,8 +299,6 @@ def _limits(schema: dict, name: str, engine, api_key: str | None):
                 op['security'] = [{'bearer': []}]
                 op['responses']['401'] = {'description': 'missing or wrong API key', 'content': _ERROR_JSON}
 
-
-_ERROR_JSON = {'application/json': {'schema': {'$ref': '#/components/schemas/ErrorResponse'}}}
 
 
 def _openapi(app: FastAPI, name: str, engine, api_key: str | None):
@@ -373,8 +374,7 @@ def _add_info_routes(app: FastAPI, async_engine: AsyncLLMEngine, served_model_na
 
     @app.get('/v1/models/{model:path}', response_model=ModelCard, responses=not_found)
     async def model(model: str):
-        if model != served_model_name:
-            raise APIError(404, f'The model `{model}` does not exist.', 'model', 'model_not_found')
+        app.state.route.check_model(model)
         return card
 
     health_doc = {
