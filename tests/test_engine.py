@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from paged_infer.model.default_model import prepare_default_model
 from paged_infer.entrypoints.llm import LLM
-from paged_infer.core.config import EngineConfig
+from paged_infer.core.config import EngineConfig, EngineConfigError
 from paged_infer.core.engine import LLMEngine
 from paged_infer.core.errors import RequestError
 from paged_infer.worker.model_runner import rows_kept
@@ -481,48 +481,57 @@ def test_num_scheduler_steps_is_checked():
         with pytest.raises(EngineConfigError): EngineConfig(num_scheduler_steps=bad)
 
 
-@pytest.mark.parametrize('kind', ['n', 'beam'])
+WIDE = {'n': lambda k, m: SamplingParams(n=k, temperature=1.0, seed=3, max_tokens=m, ignore_eos=True),
+        'best_of': lambda k, m: SamplingParams(best_of=k, n=1, temperature=1.0, seed=3, max_tokens=m, ignore_eos=True),
+        'beam': lambda k, m: SamplingParams(use_beam_search=True, best_of=k, n=k, temperature=0, max_tokens=m, ignore_eos=True)}
+
+
 @pytest.mark.parametrize('mode', ['recompute', 'swap'])
-def test_a_request_that_outgrows_the_pool_ends_with_length(shared, mode, kind):
-    """Two sequences that each fit the pool but not together (8 blocks of 16 tokens; each would reach 8 blocks): once
-    they fill it alone, the request ends with 'length' and what it has made (chapter 12's ignored requests) instead of
-    waiting forever; the greedy request queued behind it still gets HF's tokens; nothing leaks."""
-    eng = LLMEngine(num_gpu_blocks=8, num_cpu_blocks=16, preemption_mode=mode, max_num_seqs=4)
-    big = (SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=80, ignore_eos=True) if kind == 'n' else
-           SamplingParams(use_beam_search=True, best_of=2, n=2, temperature=0, max_tokens=80, ignore_eos=True))
+def test_a_request_that_might_outgrow_the_pool_is_refused_up_front(shared, mode):
+    """A pool of 8 blocks of 16 tokens: n, best_of and beams whose sequences, each prompt plus max_tokens long, would
+    need more are refused with the limit named (never cut short with 'length'); those that fit get every token, though
+    a greedy request beside them forces preemptions; the greedy one gets HF's tokens; nothing leaks."""
+    eng = LLMEngine(num_gpu_blocks=8, num_cpu_blocks=16, preemption_mode=mode)
     p = shared['prompts'][0]
-    assert len(p) + 80 <= 8 * 16 < 2 * (len(p) + 80) - len(p) // 16 * 16
-    a, b = eng.add_request(p, big), eng.add_request(shared['prompts'][1], GREEDY)
-    done, steps = {}, 0
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished: assert o.request_id not in done, 'finished once'; done[o.request_id] = o
-        eng.block_manager.check_invariants(); steps += 1
-        assert steps < 1000, 'no progress'
-    assert done[b].outputs[0].token_ids == shared['refs'][1] and eng.scheduler.num_preemptions > 0
-    outs = done[a].outputs
-    assert len(outs) == 2 and all(c.finish_reason == 'length' and 0 < len(c.token_ids) < 80 for c in outs)
-    assert all(c.text == shared['tok'].decode(c.token_ids, skip_special_tokens=True) for c in outs)
-    assert eng.block_manager.num_free_blocks == 8 and eng.block_manager.cpu.num_free == 16 and not eng.groups and not eng.detoks
-    for params, param in [(SamplingParams(n=5, temperature=1.0), 'n'), (SamplingParams(best_of=5, temperature=1.0), 'best_of')]:
+    assert eng.max_model_len == 128 and 2 * (len(p) + 32) > 128, 'the pool sets the model length; two answers do not fit'
+    for kind, k, param in [('n', 3, 'n'), ('n', 4, 'n'), ('n', 8, 'n'), ('best_of', 8, 'best_of'), ('beam', 4, 'best_of')]:
+        with pytest.raises(RequestError, match=f'{param}={k} sequences .* KV cache holds 8') as e:
+            eng.add_request(p, WIDE[kind](k, 32))
+        assert e.value.param == param
+    assert not eng.groups and eng.block_manager.num_free_blocks == 8
+    fits = 128 // 2 - len(p)  # two sequences of prompt plus this many tokens: 4 blocks each
+    for kind in WIDE:
+        a = eng.add_request(shared['prompts'][1], GREEDY)
+        b = eng.add_request(p, WIDE[kind](2, fits))
+        done, steps = {}, 0
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished: done[o.request_id] = o
+            eng.block_manager.check_invariants(); steps += 1
+            assert steps < 1000, 'no progress'
+        assert done[a].outputs[0].token_ids == shared['refs'][1]
+        assert [(len(c.token_ids), c.finish_reason) for c in done[b].outputs] == [(fits, 'length')] * len(done[b].outputs)
+        assert eng.block_manager.num_free_blocks == 8 and eng.block_manager.cpu.num_free == 16 and not eng.detoks
+    assert eng.scheduler.num_preemptions > 0
+    for params, param in [(SamplingParams(n=300, temperature=1.0), 'n'), (SamplingParams(best_of=300, temperature=1.0), 'best_of')]:
         with pytest.raises(RequestError, match='max_num_seqs') as e: eng.add_request('Hello', params)  # could never run
         assert e.value.param == param
 
 
-@pytest.mark.parametrize('mode,blocks,prompt,out', [('swap', 4, 16, 16), ('recompute', 12, 96, 30)])
-def test_a_request_that_fits_alone_is_not_cut_short_after_a_preemption(mode, blocks, prompt, out):
-    """n = 2 that fits the pool with its prompt shared (swap: 1 + 2 x 1 blocks of 4; recompute: 6 + 2 x 2 of 12), preempted
-    once by an older request: it still gets all its tokens (the review of the fix above: swap-in asked a block per
-    sequence it did not need; readmission counted the prompt once per sequence, though the prefix cache shares it)."""
+@pytest.mark.parametrize('mode,blocks,prompt,out,first', [('swap', 4, 16, 16, (14, 10)), ('recompute', 16, 96, 30, (100, 20))])
+def test_a_request_that_fits_alone_is_not_cut_short_after_a_preemption(mode, blocks, prompt, out, first):
+    """n = 2 that fits the pool, preempted once by an older request: it still gets all its tokens (swap: 2 x 2 blocks
+    of 16, where swap-in once asked a block per sequence it did not need; recompute: 2 x 8, readmitted after the
+    older request's 8 blocks made it preempt itself)."""
     eng = LLMEngine(num_gpu_blocks=blocks, num_cpu_blocks=64, preemption_mode=mode)
-    a = eng.add_request(list(range(1000, 1014)), SamplingParams(temperature=0, max_tokens=10 if mode == 'swap' else 40, ignore_eos=True))
+    a = eng.add_request(list(range(1000, 1000 + first[0])), SamplingParams(temperature=0, max_tokens=first[1], ignore_eos=True))
     g = eng.add_request(list(range(2000, 2000 + prompt)), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=out, ignore_eos=True))
     done = {}
     while eng.has_unfinished_requests():
         for o in eng.step():
             if o.finished: done[o.request_id] = o
     assert eng.scheduler.num_preemptions > 0
-    assert [len(c.token_ids) for c in done[g].outputs] == [out, out] and len(done[a].outputs[0].token_ids) == (10 if mode == 'swap' else 40)
+    assert [len(c.token_ids) for c in done[g].outputs] == [out, out] and len(done[a].outputs[0].token_ids) == first[1]
     assert eng.block_manager.num_free_blocks == blocks
 
 
@@ -543,3 +552,65 @@ def test_a_single_sequence_swapped_at_its_last_block_comes_back():
             if o.finished: done[o.request_id] = o
     assert eng.scheduler.num_preemptions == 1
     assert [len(done[r].outputs[0].token_ids) for r in (s, t)] == [84, 40] and bm.num_free_blocks == 100
+
+
+@pytest.fixture(scope='module')
+def one_model():
+    "The default model loaded once for the engines of a property test (each example builds its own pool)."
+    import paged_infer.core.engine as engine_module
+    load, cache = engine_module.load_model, {}
+
+    def cached(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = load(*args, **kwargs)
+        return cache[key]
+    engine_module.load_model = cached
+    yield
+    engine_module.load_model = load
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_answer_is_whole_or_refused(one_model, data):
+    """Random pools (48-192 tokens in blocks of 4, 8 or 16, swap space or none, either preemption mode, prefix caching on
+    or off) and random requests (greedy, n, best_of, beams, stop strings): each request is refused up front with the
+    limit named, or every choice it returns reached its max_tokens or a stop; none is ever cut short."""
+    bs = data.draw(st.sampled_from([4, 8, 16]))
+    eng = LLMEngine(num_gpu_blocks=data.draw(st.integers(3, 12)) * 16 // bs, block_size=bs,
+                    num_cpu_blocks=data.draw(st.sampled_from([0, 8, 32])), preemption_mode=data.draw(st.sampled_from(['recompute', 'swap'])),
+                    enable_prefix_caching=data.draw(st.booleans()), max_num_batched_tokens=data.draw(st.sampled_from([32, 128])))
+    kinds = [lambda m: SamplingParams(temperature=0, max_tokens=m), lambda m: SamplingParams(temperature=0, max_tokens=m, ignore_eos=True),
+             lambda m: SamplingParams(n=data.draw(st.integers(2, 4)), temperature=1.0, seed=1, max_tokens=m),
+             lambda m: SamplingParams(best_of=3, n=2, temperature=0.8, seed=2, max_tokens=m, ignore_eos=True),
+             lambda m: SamplingParams(use_beam_search=True, best_of=data.draw(st.integers(2, 3)), temperature=0, max_tokens=m),
+             lambda m: SamplingParams(temperature=0.7, seed=3, stop=[' the', '.'], max_tokens=m)]
+    asked = {}
+    for _ in range(data.draw(st.integers(1, 5))):
+        prompt = data.draw(st.lists(st.integers(100, 40000), min_size=1, max_size=40))
+        params = data.draw(st.sampled_from(kinds))(data.draw(st.integers(6, 24)))
+        try:
+            asked[eng.add_request(prompt, params)] = params
+        except RequestError as e:
+            assert e.param in ('n', 'best_of', 'max_tokens') and ('KV cache' in str(e) or 'context length' in str(e))
+    done, steps = {}, 0
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished: done[o.request_id] = o
+        steps += 1
+        assert steps < 2000, 'no progress'
+    assert done.keys() == asked.keys()
+    for rid, o in done.items():
+        assert len(o.outputs) == asked[rid].n
+        for c in o.outputs:
+            assert c.finish_reason == 'stop' or (c.finish_reason == 'length' and len(c.token_ids) == asked[rid].max_tokens), (asked[rid], c)
+    assert eng.block_manager.num_free_blocks == eng.num_gpu_blocks and not eng.detoks
+
+
+def test_max_model_len_fits_the_pool():
+    """A pool smaller than the model's length: the model's default length is lowered to the pool (8 blocks of 16
+    tokens), a length asked for that does not fit stops the engine from starting."""
+    assert LLMEngine(num_gpu_blocks=8).max_model_len == 128
+    assert LLMEngine(num_gpu_blocks=8, max_model_len=100).max_model_len == 100
+    with pytest.raises(EngineConfigError, match='max_model_len 256 does not fit the KV cache'):
+        LLMEngine(num_gpu_blocks=8, max_model_len=256)

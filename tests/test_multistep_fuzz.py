@@ -53,7 +53,8 @@ def make(seed: int) -> tuple:
         else: sp = SP(temperature=0, max_tokens=mt, repetition_penalty=1.2)
         if mml and plen + sp.max_tokens > mml: sp = dataclasses.replace(sp, max_tokens=mml - plen, min_tokens=min(sp.min_tokens, mml - plen))
         reqs.append((p, sp, rng.randrange(0, 8)))
-    need = max((len(p) + sp.max_tokens + bs - 1) // bs for p, sp, _ in reqs)
+    need = max(sp.num_seqs_to_sample * -(-(len(p) + sp.max_tokens) // bs) for p, sp, _ in reqs)  # each fits (check_fits)
+    need = max(need, -(-(mml or 0) // bs))  # and so does one sequence of max_model_len
     blocks = need + rng.randrange(1, 3 * need + 2)
     aborts = {i: rng.randrange(0, 20) for i in range(nreq) if rng.random() < 0.2}
     K = rng.choice([2, 3, 4, 8])

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -430,3 +431,105 @@ def test_async_scheduling_server(offline, steps):
             engine.engine.block_manager.check_invariants()
     finally:
         engine.shutdown()
+
+
+def test_a_large_body_does_not_stall_other_streams():
+    """A chat body of about 1.3 MB (refused in the end: longer than max_model_len) is tokenized in a worker thread
+    (chapter 16d): a stream already running keeps receiving tokens meanwhile; a body past the size bound is refused
+    without being tokenized."""
+    engine = AsyncLLMEngine.from_config(EngineConfig(num_gpu_blocks=600, max_num_seqs=4), max_wait_ms=1)
+    app = build_app(engine, NAME)
+    bound = app.state.route.prompts.max_bytes
+    text = ('word ' * (bound // 5))[: bound - 100]
+    times = []
+
+    def stream(url):
+        body = {'model': NAME, 'prompt': 'Once upon a time', 'max_tokens': 150, 'ignore_eos': True, 'stream': True}
+        with httpx.stream('POST', url + '/v1/completions', json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith('data: {'): times.append(time.monotonic())
+
+    try:
+        with ServerThread(app) as url:
+            th = threading.Thread(target=stream, args=(url,))
+            th.start()
+            while len(times) < 3: time.sleep(0.01)
+            t0 = time.monotonic()
+            big = httpx.post(url + '/v1/chat/completions', json={'model': NAME, 'messages': [{'role': 'user', 'content': text}]}, timeout=120)
+            t1 = time.monotonic()
+            over = httpx.post(url + '/v1/chat/completions', json={'model': NAME, 'messages': [{'role': 'user', 'content': text * 2}]}, timeout=120)
+            th.join()
+    finally:
+        engine.shutdown()
+    assert big.status_code == 400 and 'maximum context length is 8192' in big.json()['error']['message'], big.text
+    assert over.status_code == 400 and 'longer than that many tokens can be' in over.json()['error']['message'], over.text
+    during = [t for t in times if t0 < t < t1]
+    assert t1 - t0 > 0.5, 'the big body takes a while to tokenize (else this test shows nothing)'
+    assert len(during) >= 3, f'{len(during)} stream events in the {t1 - t0:.2f} s the big body took'
+    assert len(times) == 150
+
+
+def test_a_body_without_content_type_is_read_as_json(server):
+    """As vLLM: a body without a Content-Type header is read as JSON; a Content-Type that is not JSON is named in the
+    error."""
+    body = json.dumps({'model': NAME, 'prompt': 'Hi', 'max_tokens': 2}).encode()
+    r = httpx.post(server['url'] + '/v1/completions', content=body)
+    assert r.status_code == 200 and r.json()['usage']['completion_tokens'] >= 1, r.text
+    r = httpx.post(server['url'] + '/v1/completions', content=body, headers={'content-type': 'application/x-www-form-urlencoded'})
+    e = r.json()['error']
+    assert r.status_code == 400 and 'must be a JSON object' in e['message'] and 'application/x-www-form-urlencoded' in e['message']
+
+
+def test_cli_serve_cuts_what_outlasts_the_grace_period(tmp_path):
+    """`paged-infer serve` with a pool smaller than the model's length (128 blocks of 16 tokens): it serves with
+    max_model_len lowered to the pool and says so; an n=4 request whose answers might outgrow the pool is a 400 naming
+    n. Then SIGTERM under load, with a grace period of 1 s: 6 streams end with an OpenAI error event (503, code
+    'shutdown') and [DONE], 2 non-streamed requests get a JSON 503, the log counts them, no traceback; exit 0."""
+    with socket.socket() as sk:
+        sk.bind(('127.0.0.1', 0)); port = sk.getsockname()[1]
+    log = open(tmp_path / 'serve.log', 'w+')
+    cmd = [sys.executable, '-c', 'import sys; from paged_infer.entrypoints.cli import main; sys.exit(main())', 'serve', '--host', '127.0.0.1',
+           '--port', str(port), '--num-gpu-blocks-override', '128', '--shutdown-grace-s', '1', '--uvicorn-log-level', 'warning']
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url, name = f'http://127.0.0.1:{port}', 'SmolLM2-135M-Instruct'
+    body = {'model': name, 'prompt': 'Once upon a time', 'max_tokens': 1000, 'ignore_eos': True}
+    streams = {i: [] for i in range(6)}
+    plain = {}
+
+    def stream(i):
+        with httpx.stream('POST', url + '/v1/completions', json={**body, 'stream': True}, timeout=120) as r:
+            streams[i] = [line[6:] for line in r.iter_lines() if line.startswith('data: ')]
+
+    def whole(i):
+        plain[i] = httpx.post(url + '/v1/completions', json=body, timeout=120)
+
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            try:
+                if httpx.get(url + '/health', timeout=1).status_code == 200: break
+            except httpx.TransportError: time.sleep(0.25)
+        card = httpx.get(url + '/v1/models').json()['data'][0]
+        assert card['max_model_len'] == 127 * 16, card  # the pool less its watermark block
+        c = openai.OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=name, messages=Q, n=4, max_tokens=1000)
+        assert e.value.body['param'] == 'n' and 'KV cache holds 127' in e.value.body['message']
+        threads = [threading.Thread(target=stream, args=(i,)) for i in streams] + [threading.Thread(target=whole, args=(i,)) for i in range(2)]
+        for th in threads: th.start()
+        time.sleep(3)  # all of them running
+        proc.send_signal(signal.SIGTERM)
+        for th in threads: th.join(60)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+    log.seek(0); text = log.read()
+    for events in streams.values():
+        assert events[-1] == '[DONE]', events[-3:]
+        err = json.loads(events[-2])['error']
+        assert err['code'] == 'shutdown' and err['type'] and 'shut down' in err['message'], err
+        assert 3 < len(events) < 1000, 'cut after some tokens'
+    for r in plain.values():
+        assert r.status_code == 503 and r.json()['error']['code'] == 'shutdown', r.text
+    assert 'max_model_len lowered from 8192 to 2032 tokens' in text, text
+    assert 'drain: cutting 8 requests still running after 1 s' in text and 'Traceback' not in text, text

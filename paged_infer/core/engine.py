@@ -28,7 +28,7 @@ from ..model.llama import ModelConfig
 from ..ops.sampler import Sampler, seeded_generator
 from ..worker.cuda_graphs import graph_batch_sizes
 from ..worker.model_runner import ModelRunner, load_model
-from ..worker.profiling import block_bytes, profile_num_gpu_blocks
+from ..worker.profiling import block_bytes, fit_max_model_len, profile_num_gpu_blocks
 
 # %% ../../nbs/13_engine.ipynb #eb51ad41
 class LLMEngine(Postprocessor, BeamSearch):
@@ -42,6 +42,8 @@ class LLMEngine(Postprocessor, BeamSearch):
         budget = c.max_num_batched_tokens or (2048 if c.enable_chunked_prefill else self.max_model_len)
         n_blocks, n_cpu = self._pool_sizes(budget, peers)
         self.block_manager = BlockManager(n_blocks, c.block_size, n_cpu, c.enable_prefix_caching)
+        pool = (n_blocks - self.block_manager.watermark_blocks) * c.block_size
+        self.max_model_len = fit_max_model_len(self.max_model_len, c.max_model_len is not None, pool)  # chapter 11b
         sc = SchedulerConfig(
             c.max_num_seqs, budget, self.max_model_len, c.enable_chunked_prefill, c.preemption_mode, c.policy
         )
@@ -146,14 +148,7 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
         )
     if params.max_tokens is None:
         params = dataclasses.replace(params, max_tokens=room)
-    bm = self.block_manager  # a request that could never fit the pool, even alone, would wait forever
-    usable = bm.gpu.num_blocks - bm.watermark_blocks
-    if -(-(len(ids) + params.max_tokens) // bm.block_size) > usable:
-        raise RequestError(
-            f'prompt plus max_tokens ({len(ids) + params.max_tokens} tokens) exceeds the KV cache '
-            f'({usable * bm.block_size} tokens)',
-            'max_tokens',
-        )
+    self.scheduler.check_fits(len(ids), params)  # one that might never fit the pool, even alone (chapter 12)
     return ids, text, params
 
 # %% ../../nbs/13_engine.ipynb #20feb89f

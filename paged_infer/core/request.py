@@ -28,6 +28,7 @@ class SequenceGroup:
     finished_time: float | None = None
     hyps: list = field(default_factory=list)  # beam search: finished hypotheses (score, Sequence), best first
     improvable: bool = True  # beam search: can a live beam still beat the kept hypotheses?
+    cut: list = field(default_factory=list)  # sequences the scheduler cut: they could never run again (chapter 12)
 
     def __post_init__(self):
         for s in self.seqs:
@@ -98,7 +99,7 @@ class SchedulerOutput:
     blocks_to_swap_out: list = field(default_factory=list)  # (gpu, cpu)
     preempted: list = field(default_factory=list)  # request ids preempted this step
     num_steps: list | None = None  # multi-step: decode steps each sequence runs in this one launch; None: one step
-    ignored: list = field(default_factory=list)  # SequenceGroups finished ('length'): they can never fit again
+    ignored: list = field(default_factory=list)  # SequenceGroups cut ('abort'): they can never fit again
 
     @property
     def num_batched_tokens(self) -> int:

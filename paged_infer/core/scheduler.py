@@ -11,6 +11,7 @@ from collections import deque
 from fastcore.basics import patch
 
 from ..cache.block_manager import BlockManager
+from .errors import RequestError
 from .request import SchedulerConfig, SchedulerOutput, SequenceGroup
 from .sequence import FinishReason, Sequence, SequenceStatus
 
@@ -197,22 +198,49 @@ def _never_fits(self: Scheduler, need: int) -> bool:
     "Whether `need` blocks exceed the whole pool (less the watermark): a request needing them waits in vain."
     return need > self.bm.gpu.num_blocks - self.bm.watermark_blocks
 
+
+@patch
+def check_fits(self: Scheduler, prompt_len: int, params):
+    """Refuse (RequestError) a request that might not finish even alone in the pool: its sequences (`n`, `best_of`
+    or beams) run side by side, each up to prompt + `max_tokens` tokens and, once preempted by recompute, each with
+    blocks of its own. Every request that passes gets all its tokens, preempted or queued as needed."""
+    W, B = params.num_seqs_to_sample, self.bm.block_size
+    L = prompt_len + params.max_tokens
+    need = W * -(-L // B)
+    if not self._never_fits(need):
+        return
+    usable = self.bm.gpu.num_blocks - self.bm.watermark_blocks
+    if W == 1:
+        msg = f'prompt plus max_tokens ({L} tokens) exceeds the KV cache ({usable * B} tokens)'
+        raise RequestError(msg, 'max_tokens')
+    name = 'best_of' if params.best_of is not None else 'n'
+    fits = usable // W * B - prompt_len  # the largest max_tokens that fits
+    hint = f'; max_tokens={fits} fits' if fits > 0 else ''
+    raise RequestError(
+        f'{name}={W} sequences of up to {L} tokens (prompt plus max_tokens) may need {need} KV blocks of {B} '
+        f'tokens, and the KV cache holds {usable}: lower {name} or max_tokens{hint}',
+        name,
+    )
+
 # %% ../../nbs/12_scheduler.ipynb #52b20945
 @patch
 def _end_group(self: Scheduler, queue, g: SequenceGroup, reason: FinishReason):
-    "Take `g` out of `queue`, free its sequences' blocks, finish the unfinished ones with `reason`."
+    "Take `g` out of `queue`, free its sequences' blocks, finish the unfinished ones with `reason`; returns those."
     queue.remove(g)
+    ended = []
     for s in g.seqs:
         if s.seq_id in self.bm.tables or s.seq_id in self.bm.cpu_tables:
             self.bm.free(s.seq_id)
         if not s.is_finished:
             s.finish(reason)
+            ended.append(s)
+    return ended
 
 
 @patch
 def _drop(self: Scheduler, queue, g: SequenceGroup, out: SchedulerOutput):
-    "Finish a request that can never run again with reason 'length': out of `queue`, its blocks freed."
-    self._end_group(queue, g, FinishReason.LENGTH)
+    "Cut a request that can never run again: its unfinished sequences end with reason 'abort', its blocks freed."
+    g.cut = self._end_group(queue, g, FinishReason.ABORT)
     out.ignored.append(g)
 
 

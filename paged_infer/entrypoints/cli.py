@@ -271,4 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     "Entry point of the `paged-infer` console script."
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    from paged_infer.core.config import EngineConfigError
+
+    try:
+        return args.func(args)
+    except EngineConfigError as e:  # settings that cannot work (a max_model_len the KV cache cannot hold, say)
+        print(f'paged-infer {args.command}: error: {e}', file=sys.stderr)
+        return 2

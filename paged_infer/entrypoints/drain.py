@@ -18,10 +18,11 @@ log = logging.getLogger('paged_infer')
 
 
 class Drain:
-    "The API requests running now, and whether the server drains (refuses new ones, /health answers 503)."
+    """The API requests running now, whether the server drains (refuses new ones, /health answers 503), and `cut`:
+    what ends the running ones at once (`build_app` gives its engine's `AsyncLLMEngine.cut`)."""
 
-    def __init__(self):
-        self.active, self.draining = 0, False
+    def __init__(self, cut=None):
+        self.active, self.draining, self.cut = 0, False, cut
 
 
 class DrainGuard:
@@ -47,9 +48,9 @@ class DrainingServer(uvicorn.Server):
     """uvicorn that drains on SIGTERM: it keeps listening, /health and new API requests get a 503, until the running
     requests end or `grace_s` seconds pass; then it shuts down as uvicorn does. A second signal stops it at once."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, grace_s: float = 30.0):
+    def __init__(self, config: uvicorn.Config, drain: Drain, grace_s: float = 30.0, flush_s: float = 5.0):
         super().__init__(config)
-        self.drain, self.grace_s, self.deadline = drain, grace_s, None
+        self.drain, self.grace_s, self.flush_s, self.deadline, self.cut_at = drain, grace_s, flush_s, None, None
 
     def handle_exit(self, sig, frame):
         if sig != signal.SIGTERM or self.deadline is not None:
@@ -60,8 +61,14 @@ class DrainingServer(uvicorn.Server):
         log.info(f'SIGTERM: draining ({self.drain.active} running), stopping when they end or in {self.grace_s:g} s')
 
     async def on_tick(self, counter: int) -> bool:
-        if self.deadline is not None and (self.drain.active == 0 or time.monotonic() >= self.deadline):
-            if self.drain.active:
-                log.warning(f'drain: {self.drain.active} requests still running after {self.grace_s:g} s')
+        now = time.monotonic()
+        if self.deadline is not None and self.drain.active == 0:
             return True
+        if self.deadline is not None and now >= self.deadline and self.cut_at is None:
+            log.warning(f'drain: cutting {self.drain.active} requests still running after {self.grace_s:g} s')
+            self.cut_at = now
+            if self.drain.cut is not None:
+                self.drain.cut()  # each ends with an OpenAI error: an error event in a stream, else a JSON 503
+        if self.cut_at is not None and now >= self.cut_at + self.flush_s:
+            return True  # what has not ended by now, uvicorn cancels
         return await super().on_tick(counter)
