@@ -5,7 +5,9 @@ Before each call of a completions route:
   still a request the server must accept (each rule is written in the field's description, and tests/test_server.py's
   table of bad requests checks its 400): `top_logprobs` needs `logprobs`; `best_of >= n`; `min_tokens <= max_tokens`;
   no `best_of` or beam search with `stream`; `stream_options` only with `stream`; no `echo` with `logprobs`; beam
-  search needs more than one sequence and no sampling knobs; logit_bias keys are token ids below the vocabulary size.
+  search needs more than one sequence and no sampling knobs; logit_bias keys are token ids below the vocabulary size;
+  `response_format` or `structured_outputs`, not both, and neither with beam search; a constraint must compile (a
+  random regex, grammar or JSON schema seldom does), so a generated one becomes `json_object`.
 - `max_tokens` and `max_completion_tokens` are held to at most 8 whatever the mode, if they were valid, so that an
   accepted request is quick (a valid value stays valid: the mode of the case does not change).
 """
@@ -45,6 +47,11 @@ def _mend(b: dict, chat: bool):
         sampling = any(b.get(k) is not None for k in ('top_p', 'top_k', 'min_p')) or (b.get('temperature') or 0) > 0
         if sampling or max(n, b.get('best_of') or 1) < 2:
             b['use_beam_search'] = False
+    rf = b.get('response_format')
+    constrained = isinstance(b.get('structured_outputs'), dict) or isinstance(rf, dict) and rf.get('type') != 'text'
+    if constrained:
+        b['structured_outputs'] = None
+        b['response_format'] = None if b.get('use_beam_search') else {'type': 'json_object'}
     if isinstance(b.get('logit_bias'), dict):
         b['logit_bias'] = {k: v for k, v in b['logit_bias'].items() if int(k) < VOCAB}
 

@@ -8,6 +8,7 @@ drains.
 """
 import asyncio
 import json
+import re
 import os
 import signal
 import socket
@@ -172,7 +173,8 @@ BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/chat/completions', {**CHAT, 'n': '2'}, 400, 'n'),
     ('/v1/chat/completions', {**CHAT, 'stream': 'yes'}, 400, 'stream'),
     ('/v1/chat/completions', {**CHAT, 'tools': []}, 400, 'tools'),
-    ('/v1/chat/completions', {**CHAT, 'response_format': {'type': 'json_object'}}, 400, 'response_format'),
+    ('/v1/chat/completions', {**CHAT, 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'x', 'schema': {'type': 'wat'}}}}, 400, 'response_format'),
+    ('/v1/completions', {**COMP, 'structured_outputs': {'regex': '(unclosed'}}, 400, 'structured_outputs'),
     ('/v1/chat/completions', {**CHAT, 'messages': []}, 400, 'messages'),
     ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'robot', 'content': 'x'}]}, 400, 'messages.0.role'),
     ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': 'x'}}]}]}, 400, 'messages.0.content.0'),
@@ -533,3 +535,39 @@ def test_cli_serve_cuts_what_outlasts_the_grace_period(tmp_path):
         assert r.status_code == 503 and r.json()['error']['code'] == 'shutdown', r.text
     assert 'max_model_len lowered from 8192 to 2032 tokens' in text, text
     assert 'drain: cutting 8 requests still running after 1 s' in text and 'Traceback' not in text, text
+
+
+def test_structured_outputs_through_the_official_client(client):
+    """The official client's `parse` with a pydantic model gets an instance of it; the same schema streamed gives text
+    that validates; json_object, and vLLM's structured_outputs (choice, regex) through extra_body on both routes; a
+    schema that cannot be compiled and two constraints at once are 400s naming the field."""
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        city: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    ask = [{'role': 'user', 'content': 'Give Paris as JSON with its city and country.'}]
+    r = client.chat.completions.parse(model=NAME, messages=ask, response_format=City, temperature=0, max_tokens=64)
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, City) and r.choices[0].finish_reason == 'stop', r
+    fmt = {'type': 'json_schema', 'json_schema': {'name': 'City', 'schema': City.model_json_schema(), 'strict': True}}
+    chunks = client.chat.completions.create(model=NAME, messages=ask, response_format=fmt, temperature=0, max_tokens=64, stream=True)
+    streamed = ''.join(ch.choices[0].delta.content or '' for ch in chunks if ch.choices)
+    assert City.model_validate_json(streamed) == parsed
+    obj = client.chat.completions.create(model=NAME, messages=ask, response_format={'type': 'json_object'}, temperature=0, max_tokens=64)
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    pick = client.chat.completions.create(model=NAME, messages=Q, n=3, temperature=1.0, seed=1, max_tokens=8,
+                                          extra_body={'structured_outputs': {'choice': ['Paris', 'Lyon', 'Nice']}})
+    assert all(c.message.content in ('Paris', 'Lyon', 'Nice') and c.finish_reason == 'stop' for c in pick.choices)
+    date = client.completions.create(model=NAME, prompt='The date today is', max_tokens=16, temperature=0,
+                                     extra_body={'structured_outputs': {'regex': r' [0-9]{4}-[0-9]{2}-[0-9]{2}'}})
+    assert re.fullmatch(r' [0-9]{4}-[0-9]{2}-[0-9]{2}', date.choices[0].text), date.choices[0].text
+    bad = {'type': 'json_schema', 'json_schema': {'name': 'x', 'schema': {'type': 'wat'}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=Q, response_format=bad, max_tokens=4)
+    assert e.value.body['param'] == 'response_format' and 'wat' in e.value.body['message']
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=Q, response_format={'type': 'json_object'}, max_tokens=4,
+                                       extra_body={'structured_outputs': {'regex': 'a'}})
+    assert e.value.body['param'] == 'structured_outputs'

@@ -23,6 +23,7 @@ from .outputs import EngineStats
 from .postprocess import Postprocessor
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
+from .structured_outputs import Grammars
 from .sequence import Sequence
 from ..model.llama import ModelConfig
 from ..ops.sampler import Sampler, seeded_generator
@@ -56,6 +57,7 @@ class LLMEngine(Postprocessor, BeamSearch):
             self.runner.peers = peers
         if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
             self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)  # chapter 11a
+        self.grammars = Grammars(self.tokenizer, mc.vocab_size)  # structured outputs (chapter 13c)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
         self.inflight = None  # async scheduling: the step launched last, not postprocessed yet (an InFlight)
         self.undelivered: list = []  # outputs made by a step that then raised: the next step returns them
@@ -135,6 +137,7 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
     if not all(isinstance(t, int) and 0 <= t < V for t in ids):
         raise RequestError(f'prompt token ids must be in [0, {V})', 'prompt')
     params.check_vocab(V)
+    self.grammars.check(params)
     if (k := params.num_seqs_to_sample) > self.config.max_num_seqs:  # its sequences run side by side, or not at all
         name = 'best_of' if params.best_of is not None else 'n'
         raise RequestError(f'{name} ({k}) exceeds max_num_seqs ({self.config.max_num_seqs})', name)
@@ -155,7 +158,8 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
 def needs_every_token(p: SamplingParams) -> bool:
     "Whether a request's next step needs its newest token on the host: forks, beams, penalties, logits processors."
     penalties = p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
-    return p.use_beam_search or p.num_seqs_to_sample > 1 or bool(p.logits_processors) or penalties
+    host = p.use_beam_search or p.num_seqs_to_sample > 1 or bool(p.logits_processors)
+    return host or p.structured_outputs is not None or penalties
 
 
 @patch
@@ -167,7 +171,7 @@ def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, r
     if request_id in self.groups:
         raise RequestError(f'request id {request_id!r} is already in use', 'request_id')
     ids, text, params = self.check_request(prompt, params)
-    seq = Sequence(ids, params)
+    seq = Sequence(ids, params, grammar=self.grammars.grammar(params))
     if params.seed is not None:
         seq.generator = seeded_generator(params.seed, self.model.lm_head.weight.device)
     arrival = time.monotonic() if arrival_time is None else arrival_time

@@ -133,8 +133,13 @@ def _append(self: Postprocessor, s: Sequence, samples, i: int, tok: int, lp: flo
         s.finish(FinishReason.STOP, tok)
         return
     _, stop = d.step([tok])
+    if s.grammar is not None:
+        s.grammar.consume(tok)  # (a token its mask allowed)
     if stop is not None:  # a stop string
         s.finish(FinishReason.STOP, stop)
+    elif s.grammar is not None and s.grammar.is_stopped:  # the structured output is complete (chapter 13c)
+        d.flush()
+        s.finish(FinishReason.STOP)
     elif reason is FinishReason.LENGTH:
         d.flush()
         s.finish(FinishReason.LENGTH)

@@ -72,6 +72,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logits_processors: list | None = None
+    structured_outputs: object = None  # a StructuredOutputsParams (chapter 13c)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
@@ -194,6 +195,9 @@ def _check_stopping(p: SamplingParams):
             'logits_processors',
             'must be a list of callables f(output_ids, logits) or f(prompt_ids, output_ids, logits)',
         )
+    if p.structured_outputs is not None:
+        is_so = hasattr(p.structured_outputs, 'grammar_text')
+        _require(is_so, 'structured_outputs', 'must be a StructuredOutputsParams')
 
 # %% ../../nbs/04_sampling_params.ipynb #b7dcbe9b
 def _check_beam_search(p: SamplingParams):

@@ -57,6 +57,7 @@ class Sequence:
     generator: object = None  # torch.Generator of a seeded request; None = the engine's
     beam_proposals: list | None = None  # beam search: (token id, logprob) candidates waiting for the beam step
     num_pending_tokens: int = 0  # sampled by a step still running on the device (async scheduling, chapter 13)
+    grammar: object = None  # structured outputs: where the output stands in its grammar (chapter 13c)
 
     def __post_init__(self):
         if not self.prompt_token_ids:
@@ -141,4 +142,5 @@ def fork(self: Sequence) -> Sequence:
         status=self.status,
         arrival_time=self.arrival_time,
         generator=self.generator,
+        grammar=self.grammar.fork() if self.grammar is not None else None,
     )

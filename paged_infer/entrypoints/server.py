@@ -103,7 +103,8 @@ class _Route:
             for ids in prompts:
                 self.engine.engine.check_request(ids, params)
         except (RequestError, SamplingParamsError) as e:
-            raise APIError(400, str(e), e.param) from None
+            from_format = e.param == 'structured_outputs' and req.structured_outputs is None
+            raise APIError(400, str(e), 'response_format' if from_format else e.param) from None
         if not self.engine.is_running:
             raise APIError(503, 'the engine is not running')
         return params

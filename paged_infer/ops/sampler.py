@@ -63,6 +63,7 @@ class SamplingBatch:
     host_rows: list = field(
         default_factory=list
     )  # per row, on the host: its eight knobs, its logprobs, whether it has a logit bias
+    grammars: list = field(default_factory=list)  # (row, Grammar) of rows with structured outputs (chapter 13c)
 
     @classmethod
     def from_params(
@@ -171,6 +172,17 @@ def apply_logits_processors(logits: torch.Tensor, processors: list) -> torch.Ten
         logits[row] = x
     return logits
 
+
+def apply_grammars(logits: torch.Tensor, grammars: list) -> torch.Tensor:
+    "Forbid each grammar row the tokens its grammar does not allow next: one bitmask, filled on the host (chapter 13c)."
+    B, V = logits.shape
+    mask = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32)  # -1: all 32 bits set, every token allowed
+    for row, g in grammars:
+        g.fill_bitmask(mask, row)
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = (host_to_device(mask, logits.device)[:, :, None] >> bits) & 1  # (B, V / 32, 32)
+    return logits.masked_fill(allowed.reshape(B, -1)[:, :V] == 0, float('-inf'))
+
 # %% ../../nbs/09_sampler.ipynb #4f2bdd94
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     "Logit bias, min-tokens mask, then repetition, frequency and presence penalties (vLLM's semantics)."
@@ -190,7 +202,8 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 @patch(as_prop=True)
 def depends_on_outputs(self: SamplingBatch) -> bool:
     "Whether the batch reads the outputs so far (penalties, min-tokens mask, logits processors): rebuilt every step."
-    return self.output_counts is not None or self.min_tokens_mask is not None or bool(self.processors)
+    outputs = self.output_counts is not None or self.min_tokens_mask is not None
+    return outputs or bool(self.processors) or bool(self.grammars)
 
 
 @patch
@@ -290,6 +303,8 @@ class Sampler:
         raw_logprobs = logits.log_softmax(-1)  # (B, V) what the model thinks: reported, never sampled from
         if batch.processors:
             logits = apply_logits_processors(logits, batch.processors)  # a request's own callables first
+        if batch.grammars:
+            logits = apply_grammars(logits, batch.grammars)  # structured outputs
         logits = apply_penalties(logits, batch)  # steps 1-2
         token_ids = logits.argmax(-1)  # (B,) step 3: greedy rows are done
         if not batch.all_greedy:  # step 4

@@ -260,6 +260,7 @@ def sampling_batch(self: ModelRunner, sampled: list) -> SamplingBatch:
     params, gens = [s.params for s in sampled], [s.generator for s in sampled]
     prompts, V = [s.prompt_token_ids for s in sampled], self.config.vocab_size
     batch = SamplingBatch.from_params(params, prompts, outs, V, self.eos_token_id, gens, self.device)
+    batch.grammars = [(i, s.grammar) for i, s in enumerate(sampled) if s.grammar is not None]  # (chapter 13c)
     beams = any(s.params.use_beam_search for s in sampled)  # (beams change num_logprobs, below)
     steady = not batch.depends_on_outputs and not beams
     self.last_sampling = (sampled, batch) if steady else None
