@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['StructuredOutputsParams', 'Grammar', 'Grammars']
 
-# %% ../../nbs/13c_structured_outputs.ipynb #090ee923
+# %% ../../nbs/13c_structured_outputs.ipynb #8ff5f859
 import json
 from dataclasses import dataclass
 
@@ -48,7 +48,7 @@ class StructuredOutputsParams:
         g = self.grammar
         return M.grammar_from_lark(llguidance.gbnf_to_lark.gbnf_to_lark(g) if '::=' in g else g)
 
-# %% ../../nbs/13c_structured_outputs.ipynb #7d52a00a
+# %% ../../nbs/13c_structured_outputs.ipynb #3361064c
 class Grammar:
     "One sequence's place in its grammar: the mask of its next tokens, the tokens it took, whether it has ended."
 
