@@ -7,7 +7,11 @@ Before each call of a completions route:
   no `best_of` or beam search with `stream`; `stream_options` only with `stream`; no `echo` with `logprobs`; beam
   search needs more than one sequence and no sampling knobs; logit_bias keys are token ids below the vocabulary size;
   `response_format` or `structured_outputs`, not both, and neither with beam search; a constraint must compile (a
-  random regex, grammar or JSON schema seldom does), so a generated one becomes `json_object`.
+  random regex, grammar or JSON schema seldom does), so a generated one becomes `json_object`; a `tool` message has a
+  `tool_call_id` and no other has one, only an assistant message has `tool_calls`, and only one with calls may leave
+  out `content`; `tool_choice` other than none needs tools, tool names are unique, a named choice names one of them;
+  a forced call (required, named) has no other constraint, no beam search, and tools whose arguments are any object
+  (their random schemas seldom compile).
 - `max_tokens` and `max_completion_tokens` are held to at most 8 whatever the mode, if they were valid, so that an
   accepted request is quick (a valid value stays valid: the mode of the case does not change).
 """
@@ -52,8 +56,38 @@ def _mend(b: dict, chat: bool):
     if constrained:
         b['structured_outputs'] = None
         b['response_format'] = None if b.get('use_beam_search') else {'type': 'json_object'}
+    if chat:
+        _mend_tools(b)
     if isinstance(b.get('logit_bias'), dict):
         b['logit_bias'] = {k: v for k, v in b['logit_bias'].items() if int(k) < VOCAB}
+
+
+def _mend_tools(b: dict):
+    for m in b.get('messages') or []:
+        if m.get('role') == 'tool' and m.get('tool_call_id') is None:
+            m['tool_call_id'] = 'call_0'
+        if m.get('role') != 'tool':
+            m.pop('tool_call_id', None)
+        if m.get('role') != 'assistant':
+            m.pop('tool_calls', None)
+        if m.get('content') is None and not (m.get('role') == 'assistant' and m.get('tool_calls')):
+            m['content'] = ''
+    tools = b.get('tools')
+    choice = b.get('tool_choice')
+    if not tools:
+        if choice not in (None, 'none'):
+            b['tool_choice'] = None
+        return
+    b['tools'] = tools = list({t['function']['name']: t for t in tools}.values())
+    if isinstance(choice, dict):
+        choice['function']['name'] = tools[0]['function']['name']
+    if choice == 'required' or isinstance(choice, dict):
+        if b.get('use_beam_search'):
+            b['tool_choice'] = 'none'
+            return
+        b['response_format'] = b['structured_outputs'] = None
+        for t in tools:
+            t['function']['parameters'] = None
 
 
 @schemathesis.hook

@@ -28,6 +28,7 @@ from paged_infer.core.config import EngineConfig
 from paged_infer.core.sampling_params import SamplingParams
 from helpers import ServerThread
 from paged_infer.entrypoints.server import build_app
+from paged_infer.entrypoints.tools import HERMES_TOOL_TEMPLATE
 
 NAME = 'SmolLM2-135M-Instruct'
 BLOCKS = 256
@@ -159,6 +160,10 @@ def _post(url, path, body=None, raw=None, headers=None):
 
 
 CHAT = {'model': NAME, 'messages': Q, 'max_tokens': 4}
+WEATHER = {'type': 'function', 'function': {'name': 'get_weather', 'description': 'The current weather in a city',
+           'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city'],
+                          'additionalProperties': False}}}
+CALL = {'id': 'call_0', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': '{"city": "Paris"}'}}
 COMP = {'model': NAME, 'prompt': 'Hi', 'max_tokens': 4}
 BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/chat/completions', {**CHAT, 'temperature': -1}, 400, 'temperature'),
@@ -173,6 +178,16 @@ BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/chat/completions', {**CHAT, 'n': '2'}, 400, 'n'),
     ('/v1/chat/completions', {**CHAT, 'stream': 'yes'}, 400, 'stream'),
     ('/v1/chat/completions', {**CHAT, 'tools': []}, 400, 'tools'),
+    ('/v1/chat/completions', {**CHAT, 'tools': [WEATHER]}, 400, 'tool_choice'),  # auto needs --enable-auto-tool-choice
+    ('/v1/chat/completions', {**CHAT, 'tool_choice': 'required'}, 400, 'tool_choice'),  # no tools
+    ('/v1/chat/completions', {**CHAT, 'tools': [WEATHER], 'tool_choice': {'type': 'function', 'function': {'name': 'f'}}}, 400, 'tool_choice'),
+    ('/v1/chat/completions', {**CHAT, 'tools': [WEATHER, WEATHER], 'tool_choice': 'none'}, 400, 'tools'),
+    ('/v1/chat/completions', {**CHAT, 'tools': [{'type': 'function', 'function': {'name': 'a b'}}]}, 400, 'tools.0.function.name'),
+    ('/v1/chat/completions', {**CHAT, 'tools': [WEATHER], 'tool_choice': 'required', 'response_format': {'type': 'json_object'}}, 400, 'tool_choice'),
+    ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'tool', 'content': '1'}]}, 400, 'messages.0'),  # no tool_call_id
+    ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'user', 'content': 'x', 'tool_call_id': 'c'}]}, 400, 'messages.0'),
+    ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'user', 'content': 'x', 'tool_calls': [CALL]}]}, 400, 'messages.0'),
+    ('/v1/chat/completions', {**CHAT, 'messages': [{'role': 'assistant'}]}, 400, 'messages.0'),  # no content, no calls
     ('/v1/chat/completions', {**CHAT, 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'x', 'schema': {'type': 'wat'}}}}, 400, 'response_format'),
     ('/v1/completions', {**COMP, 'structured_outputs': {'regex': '(unclosed'}}, 400, 'structured_outputs'),
     ('/v1/chat/completions', {**CHAT, 'messages': []}, 400, 'messages'),
@@ -333,13 +348,16 @@ def test_inter_token_latency_is_observed_per_gap(server, client):
 def test_openapi_conformance():
     """schemathesis (its command line) over every operation of the server's own /openapi.json, every phase it has
     (examples, coverage, fuzzing, stateful) and every check, seeded and bounded: no failure of any kind. The server
-    has an API key, so that the checks of authentication run too. tests/schemathesis_hooks.py says how requests are
+    has an API key, so that the checks of authentication run too, and the tool template and parser, so that tools are
+    rendered and answers parsed. tests/schemathesis_hooks.py says how requests are
     kept quick, and which rules between fields (that JSON Schema cannot state) it mends in schema-valid requests."""
     from schemathesis_hooks import MAX_MODEL_LEN
     config = EngineConfig(num_gpu_blocks=256, max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
     engine = AsyncLLMEngine.from_config(config, max_wait_ms=1)
     try:
-        with ServerThread(build_app(engine, NAME, api_key=KEY)) as url:
+        app = build_app(engine, NAME, api_key=KEY, chat_template=HERMES_TOOL_TEMPLATE, tool_call_parser='hermes',
+                        enable_auto_tool_choice=True)  # tools rendered, calls parsed
+        with ServerThread(app) as url:
             cmd = [str(Path(sys.executable).parent / 'st'), 'run', url + '/openapi.json', '--checks', 'all',
                    '--phases', 'examples,coverage,fuzzing,stateful', '--max-examples', '10', '--seed', '1',
                    '--workers', '1', '--continue-on-failure', '--output-sanitize', 'false', '--request-timeout', '60',
@@ -571,3 +589,83 @@ def test_structured_outputs_through_the_official_client(client):
         client.chat.completions.create(model=NAME, messages=Q, response_format={'type': 'json_object'}, max_tokens=4,
                                        extra_body={'structured_outputs': {'regex': 'a'}})
     assert e.value.body['param'] == 'structured_outputs'
+
+
+def _asked(city: str, i: int) -> list:
+    "A user's question and the assistant's call of get_weather for it: the few-shot turns of a tool-calling prompt."
+    call = {**CALL, 'id': f'call_{i}', 'function': {'name': 'get_weather', 'arguments': json.dumps({'city': city})}}
+    return [{'role': 'user', 'content': f'What is the weather in {city}?'}, {'role': 'assistant', 'tool_calls': [call]}]
+
+
+def _streamed_calls(chunks) -> tuple:
+    "The content and the calls that the deltas of a streamed choice add up to, and its finish_reason."
+    content, calls, reason = '', {}, None
+    for ch in chunks:
+        for c in ch.choices:
+            content += c.delta.content or ''
+            reason = c.finish_reason or reason
+            for t in c.delta.tool_calls or []:
+                call = calls.setdefault(t.index, {'id': t.id, 'name': t.function.name, 'arguments': ''})
+                assert t.id in (None, call['id']) and t.function.name in (None, call['name']), 'a header is sent once'
+                call['arguments'] += t.function.arguments or ''
+    return content, [calls[k] for k in sorted(calls)], reason
+
+
+def test_a_tool_calling_loop_through_the_official_client(server):
+    """`serve --chat-template hermes_tools --enable-auto-tool-choice --tool-call-parser hermes`, as an app over the
+    test engine: the client's two-turn loop (auto: the model calls get_weather, the client answers with a tool message,
+    the model answers in text), streamed deltas that add up to the same call, `required` and a named choice forced by
+    the grammar with no example; then `llama3_json` on the default template, the calls separated by ';'."""
+    from paged_infer.entrypoints.prompts import chat_prompt
+    from paged_infer.entrypoints.protocol import ChatCompletionRequest
+    engine = server['engine']
+    app = build_app(engine, NAME, chat_template=HERMES_TOOL_TEMPLATE, tool_call_parser='hermes', enable_auto_tool_choice=True)
+    turns = [*_asked('Paris', 0), *_asked('Rome', 1), {'role': 'user', 'content': 'What is the weather in Oslo?'}]
+    ask = dict(model=NAME, tools=[WEATHER], temperature=0, max_tokens=40)
+    with ServerThread(app) as url:
+        c = openai.OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=120)
+        r = c.chat.completions.create(messages=turns, **ask)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == 'tool_calls' and m.content is None, r
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == [('get_weather', {'city': 'Oslo'})]
+        assert re.fullmatch(r'call_[0-9a-f]{24}', m.tool_calls[0].id) and m.tool_calls[0].type == 'function'
+        content, calls, reason = _streamed_calls(c.chat.completions.create(messages=turns, stream=True, **ask))
+        assert (content, reason) == ('', 'tool_calls')
+        assert [(x['name'], x['arguments']) for x in calls] == [(t.function.name, t.function.arguments) for t in m.tool_calls]
+        result = {'role': 'tool', 'tool_call_id': m.tool_calls[0].id, 'content': '{"celsius": 3}'}
+        second = [*turns, m.model_dump(exclude_none=True), result]
+        r2 = c.chat.completions.create(messages=second, **ask)
+        assert r2.choices[0].message.content and r2.choices[0].message.tool_calls is None, r2
+        req = ChatCompletionRequest.model_validate({'model': NAME, 'messages': second, 'tools': [WEATHER]})
+        prompt = chat_prompt(engine.engine.tokenizer, req.messages, HERMES_TOOL_TEMPLATE, tools=[WEATHER])
+        assert r2.usage.prompt_tokens == len(prompt), 'the tool result is in the prompt'
+        assert '\n<tool_response>\n{"celsius": 3}\n</tool_response><|im_end|>\n' in engine.engine.tokenizer.decode(prompt)
+        plain = [{'role': 'user', 'content': 'What is the weather in Oslo?'}]
+        named = {'type': 'function', 'function': {'name': 'get_weather'}}
+        for choice, finish in (('required', 'tool_calls'), (named, 'stop')):
+            r = c.chat.completions.create(messages=plain, tool_choice=choice, parallel_tool_calls=False, **ask)
+            (call,) = r.choices[0].message.tool_calls
+            assert call.function.name == 'get_weather' and set(json.loads(call.function.arguments)) == {'city'}, r
+            assert r.choices[0].finish_reason == finish, r
+            content, calls, _ = _streamed_calls(c.chat.completions.create(messages=plain, tool_choice=choice,
+                                                                          parallel_tool_calls=False, stream=True, **ask))
+            assert [(x['name'], x['arguments']) for x in calls] == [(call.function.name, call.function.arguments)]
+        none = c.chat.completions.create(messages=turns, tool_choice='none', **ask)
+        assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason != 'tool_calls'
+    llama = build_app(engine, NAME, tool_call_parser='llama3_json', enable_auto_tool_choice=True)
+    shots = [{'role': 'user', 'content': 'Weather in Paris and in Rome?'},
+             {'role': 'assistant', 'content': '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                                              '{"name": "get_weather", "parameters": {"city": "Rome"}}'},
+             {'role': 'user', 'content': 'Weather in Oslo and in Bergen?'}]
+    ask['max_tokens'] = 60  # two calls
+    with ServerThread(llama) as url:
+        c = openai.OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=120)
+        r = c.chat.completions.create(messages=shots, **ask)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == 'tool_calls' and [t.function.name for t in m.tool_calls] == ['get_weather'] * 2, r
+        assert [json.loads(t.function.arguments) for t in m.tool_calls] == [{'city': 'Oslo'}, {'city': 'Bergen'}]
+        _, calls, _ = _streamed_calls(c.chat.completions.create(messages=shots, stream=True, **ask))
+        assert [x['arguments'] for x in calls] == [t.function.arguments for t in m.tool_calls]
+        one = c.chat.completions.create(messages=shots, parallel_tool_calls=False, **ask)
+        assert len(one.choices[0].message.tool_calls) == 1
+    assert wait_pool_free(engine)

@@ -161,11 +161,15 @@ def engine_config(args):
 
 # %% ../../nbs/90_cli.ipynb #cc0b4719
 def _read_chat_template(value):
-    "A chat template given as a file path or inline Jinja text."
+    "A chat template given as a file path, inline Jinja text, or `hermes_tools` (the one of chapter 16e)."
     from pathlib import Path
+
+    from paged_infer.entrypoints.tools import HERMES_TOOL_TEMPLATE
 
     if value is None:
         return None
+    if value == 'hermes_tools':
+        return HERMES_TOOL_TEMPLATE
     p = Path(value).expanduser()
     return p.read_text() if p.is_file() else value
 
@@ -192,7 +196,14 @@ def cmd_serve(args) -> int:
         f'({eng.max_concurrent_full_length:.1f} sequences of max_model_len at once)'
     )
     engine = AsyncLLMEngine(eng, max_wait_ms=args.scheduler_delay_ms)
-    app = build_app(engine, name, api_key=args.api_key, chat_template=_read_chat_template(args.chat_template))
+    app = build_app(
+        engine,
+        name,
+        api_key=args.api_key,
+        chat_template=_read_chat_template(args.chat_template),
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+    )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10
     )
@@ -246,7 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         '--scheduler-delay-ms', type=float, default=10.0, help='wait this long for more arrivals when idle'
     )
-    serve.add_argument('--chat-template', default=None, help='a Jinja chat template, or a file holding one')
+    serve.add_argument(
+        '--chat-template', default=None, help='a Jinja chat template, a file holding one, or hermes_tools (16e)'
+    )
+    serve.add_argument(
+        '--enable-auto-tool-choice', action='store_true', help='let the model choose to call tools (tool_choice auto)'
+    )
+    serve.add_argument(
+        '--tool-call-parser', default=None, choices=['hermes', 'llama3_json'], help="the model's format of tool calls"
+    )
     serve.add_argument(
         '--shutdown-grace-s', type=float, default=30.0, help='on SIGTERM, wait this long for running requests to end'
     )

@@ -5,29 +5,22 @@
 # %% auto #0
 __all__ = ['APIError', 'StreamOptions', 'JsonSchema', 'ResponseFormat', 'StructuredOutputs', 'TextPart', 'ChatMessage',
            'ChatCompletionRequest', 'CompletionRequest', 'ChatCompletionResponse', 'CompletionResponse', 'ModelCard',
-           'ModelList', 'ErrorInfo', 'ErrorResponse', 'sampling_params', 'structured_outputs', 'validation_error',
-           'chat_logprobs', 'completion_logprobs']
+           'ModelList', 'ErrorInfo', 'ErrorResponse', 'sampling_params', 'structured_outputs', 'validation_error']
 
 # %% ../../nbs/16_protocol.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 from typing import Annotated, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 from ..core.structured_outputs import StructuredOutputsParams
 
 # %% ../../nbs/16_protocol.ipynb #be11d0bb
-_ERROR_TYPES = {
-    400: 'invalid_request_error',
-    401: 'authentication_error',
-    404: 'not_found_error',
-    405: 'invalid_request_error',
-    413: 'invalid_request_error',
-    500: 'server_error',
-    503: 'server_error',
-}
+_ERROR_TYPES = {400: 'invalid_request_error', 401: 'authentication_error', 404: 'not_found_error'}
+_ERROR_TYPES |= {405: 'invalid_request_error', 413: 'invalid_request_error', 500: 'server_error', 503: 'server_error'}
 
 
 class APIError(Exception):
@@ -144,6 +137,38 @@ class _SamplingFields(_Strict):
     structured_outputs: Annotated[StructuredOutputs, Field(description='not with response_format')] | None = None
 
 
+# %% ../../nbs/16_protocol.ipynb #7b8f0920
+class FunctionDef(_Strict):
+    name: Annotated[str, Strict(), Field(pattern=r'^[a-zA-Z0-9_-]{1,64}$')]
+    description: Str | None = None
+    parameters: Annotated[dict, Field(description='a JSON schema of the arguments; none: any object')] | None = None
+    strict: Bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal['function']
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: Str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal['function']
+    function: FunctionName
+
+
+class FunctionCall(_Strict):
+    name: Str
+    arguments: Annotated[Str, Field(description='JSON text')]
+
+
+class ToolCall(_Strict):
+    id: Str
+    type: Literal['function']
+    function: FunctionCall
+
 # %% ../../nbs/16_protocol.ipynb #2853510c
 class TextPart(_Strict):
     type: Literal['text']
@@ -151,9 +176,23 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal['system', 'developer', 'user', 'assistant']
-    content: Str | list[TextPart]
+    "One message; a rule between fields that JSON Schema cannot state is checked below and said in the description."
+
+    role: Literal['system', 'developer', 'user', 'assistant', 'tool']
+    content: Annotated[Str | list[TextPart], Field(description='none only with tool_calls')] | None = None
     name: Str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(description='assistant messages only')] | None = None
+    tool_call_id: Annotated[Str, Field(description='tool messages only, and required there')] | None = None
+
+    @model_validator(mode='after')
+    def _roles(self):
+        if self.content is None and not (self.role == 'assistant' and self.tool_calls):
+            raise PydanticCustomError('message', 'content is required (save in an assistant message with tool_calls)')
+        if self.tool_calls is not None and self.role != 'assistant':
+            raise PydanticCustomError('message', 'tool_calls is for assistant messages only')
+        if (self.tool_call_id is None) == (self.role == 'tool'):
+            raise PydanticCustomError('message', 'tool_call_id is required in a tool message, and only there')
+        return self
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -161,6 +200,11 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: integer(ge=1, description='replaces max_tokens') | None = None
     logprobs: Bool | None = False
     top_logprobs: integer(ge=0, le=MAX_LOGPROBS, description='needs logprobs true') | None = None
+    tools: Annotated[list[Tool], NONEMPTY, Field(description='function names unique')] | None = None
+    tool_choice: Annotated[
+        Literal['none', 'auto', 'required'] | NamedToolChoice, Field(description='needs tools; default: auto if tools')
+    ] | None = None
+    parallel_tool_calls: Bool | None = True
 
 
 class CompletionRequest(_SamplingFields):
@@ -178,7 +222,8 @@ class UsageInfo(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal['assistant'] = 'assistant'
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class _Choice(BaseModel):
@@ -256,7 +301,9 @@ _PARAM_FIELDS = (
 )
 
 
-def sampling_params(req: _SamplingFields, max_num_seqs: int) -> SamplingParams:
+def sampling_params(
+    req: _SamplingFields, max_num_seqs: int, structured: StructuredOutputsParams | None = None
+) -> SamplingParams:
     "The SamplingParams of a chat or completions request; raises APIError for a combination the API refuses."
     kw = {k: getattr(req, k) for k in _PARAM_FIELDS if getattr(req, k) is not None}
     kw['n'] = req.n if req.n is not None else 1
@@ -281,6 +328,10 @@ def sampling_params(req: _SamplingFields, max_num_seqs: int) -> SamplingParams:
     if req.stream_options is not None and not req.stream:
         raise APIError(400, 'stream_options requires stream to be true', 'stream_options')
     kw['structured_outputs'] = structured_outputs(req)
+    if structured is not None:  # a tool call forced by tool_choice (chapter 16e)
+        if kw['structured_outputs'] is not None:
+            raise APIError(400, 'a forced tool_choice cannot be combined with response_format', 'tool_choice')
+        kw['structured_outputs'] = structured
     try:
         p = SamplingParams(**kw)
     except SamplingParamsError as e:
@@ -343,36 +394,3 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if not loc and e['type'] in ('model_attributes_type', 'dict_type'):
         return APIError(400, 'the request body must be a JSON object')
     return APIError(400, f"{param or 'body'}: {e['msg']}", param)
-
-# %% ../../nbs/16_protocol.ipynb #f190de51
-def _lp(x: float) -> float:
-    return max(float(x), -9999.0)
-
-
-def chat_logprobs(tokenizer, token_ids: list, logprobs: list, top_n: int) -> dict:
-    "OpenAI chat `logprobs` of generated tokens: each token, its logprob, and the `top_n` most likely."
-
-    def entry(t, lp):
-        s = tokenizer.decode([t])
-        return {'token': s, 'logprob': _lp(lp), 'bytes': list(s.encode())}
-
-    content = []
-    for t, d in zip(token_ids, logprobs):
-        top = sorted(d.items(), key=lambda kv: -kv[1])[:top_n]
-        content.append({**entry(t, d[t]), 'top_logprobs': [entry(k, v) for k, v in top]})
-    return {'content': content}
-
-
-def completion_logprobs(tokenizer, token_ids: list, logprobs: list, top_n: int, offset: int = 0) -> dict:
-    "Legacy completions `logprobs`: tokens, their logprobs, the top `top_n` of each, text offsets."
-    out = {'tokens': [], 'token_logprobs': [], 'top_logprobs': [], 'text_offset': []}
-    for t, d in zip(token_ids, logprobs):
-        s = tokenizer.decode([t])
-        out['tokens'].append(s)
-        out['token_logprobs'].append(_lp(d[t]))
-        out['text_offset'].append(offset)
-        out['top_logprobs'].append(
-            {tokenizer.decode([k]): _lp(v) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top_n]}
-        )
-        offset += len(s)
-    return out

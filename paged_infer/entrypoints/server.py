@@ -33,12 +33,20 @@ from paged_infer.entrypoints.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
-    chat_logprobs,
-    completion_logprobs,
     sampling_params,
     validation_error,
 )
-from .streaming import _chunker, _usage, chat_stream, completion_stream, failure, merge
+from paged_infer.entrypoints.streaming import (
+    _chunker,
+    _usage,
+    chat_logprobs,
+    chat_stream,
+    completion_logprobs,
+    completion_stream,
+    failure,
+    merge,
+)
+from .tools import TOOL_PARSERS, ToolPlan
 
 # %% ../../nbs/16_server.ipynb #633f93fb
 class Guard:
@@ -87,8 +95,10 @@ class Guard:
 class _Route:
     "State shared by the routes of one app."
 
-    def __init__(self, engine: AsyncLLMEngine, name: str, chat_template: str | None):
-        self.engine, self.name = engine, name
+    def __init__(self, engine: AsyncLLMEngine, name: str, chat_template: str | None, tool_parser: str | None, auto):
+        if tool_parser is not None and tool_parser not in TOOL_PARSERS:
+            raise ValueError(f'unknown tool call parser {tool_parser!r}: one of {sorted(TOOL_PARSERS)}')
+        self.engine, self.name, self.tool_parser, self.auto_tools = engine, name, tool_parser, auto
         self.tok = engine.engine.tokenizer
         self.prompts = Prompts(self.tok, engine.engine.max_model_len, chat_template)  # off the event loop (16d)
         self.metrics = ServerMetrics(engine, name)
@@ -97,14 +107,17 @@ class _Route:
         if model != self.name:
             raise APIError(404, f'The model `{model}` does not exist.', 'model', 'model_not_found')
 
-    def check(self, req, prompts: list) -> SamplingParams:
-        params = sampling_params(req, self.engine.engine.config.max_num_seqs)
+    def check(self, req, prompts: list, tools: ToolPlan | None = None) -> SamplingParams:
+        forced = tools.structured if tools is not None else None  # the grammar of a forced tool call
+        params = sampling_params(req, self.engine.engine.config.max_num_seqs, forced)
         try:
             for ids in prompts:
                 self.engine.engine.check_request(ids, params)
         except (RequestError, SamplingParamsError) as e:
-            from_format = e.param == 'structured_outputs' and req.structured_outputs is None
-            raise APIError(400, str(e), 'response_format' if from_format else e.param) from None
+            param = e.param
+            if param == 'structured_outputs' and req.structured_outputs is None:
+                param = 'tools' if forced is not None else 'response_format'  # the field the grammar came from
+            raise APIError(400, str(e), param) from None
         if not self.engine.is_running:
             raise APIError(503, 'the engine is not running')
         return params
@@ -143,26 +156,22 @@ async def collect(outputs, request: Request | None, poll_s: float = 0.25) -> dic
 # %% ../../nbs/16_server.ipynb #9b80230b
 async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None = None):
     r.check_model(req.model)
-    prompt = await r.prompts.run(r.prompts.chat, req.messages)
-    params = await r.prompts.run(r.check, req, [prompt])
+    tools = ToolPlan(req, r.tool_parser, r.auto_tools)  # chapter 16e
+    prompt = await r.prompts.run(r.prompts.chat, req.messages, tools.template_tools)
+    params = await r.prompts.run(r.check, req, [prompt], tools)
     rid, created = f'chatcmpl-{uuid.uuid4().hex}', int(time.time())
     top_n = req.top_logprobs or 0
     lp = lambda c, start: chat_logprobs(r.tok, c.token_ids[start:], c.logprobs[start:], top_n) if req.logprobs else None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunk = _chunker(rid, 'chat.completion.chunk', created, r.name, include_usage)
-        events = chat_stream(r.outputs([prompt], params, rid), prompt, params.n, chunk, lp, include_usage)
+        events = chat_stream(r.outputs([prompt], params, rid), prompt, params.n, chunk, lp, include_usage, tools)
         return StreamingResponse(events, media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
     final = (await collect(r.outputs([prompt], params, rid), request))[0]
-    choices = [
-        {
-            'index': c.index,
-            'message': {'role': 'assistant', 'content': c.text},
-            'logprobs': lp(c, 0),
-            'finish_reason': c.finish_reason,
-        }
-        for c in final.outputs
-    ]
+    choices = []
+    for c in final.outputs:
+        message, reason = tools.message(c.text, c.finish_reason)
+        choices.append({'index': c.index, 'message': message, 'logprobs': lp(c, 0), 'finish_reason': reason})
     return {
         'id': rid,
         'object': 'chat.completion',
@@ -303,9 +312,11 @@ def build_app(
     api_key: str | None = None,
     max_body_bytes: int = 4 * 2**20,
     chat_template: str | None = None,
+    tool_call_parser: str | None = None,
+    enable_auto_tool_choice: bool = False,
 ) -> FastAPI:
     "A FastAPI app serving the OpenAI API over `async_engine` under the model name `served_model_name`."
-    r = _Route(async_engine, served_model_name, chat_template)
+    r = _Route(async_engine, served_model_name, chat_template, tool_call_parser, enable_auto_tool_choice)
     app = FastAPI(
         title='paged-infer',
         version=paged_infer.__version__,
