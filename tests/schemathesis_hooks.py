@@ -1,6 +1,6 @@
 """schemathesis hooks for tests/test_server.py::test_openapi_conformance (loaded through SCHEMATHESIS_HOOKS).
 
-Before each call of a completions route:
+Before each call of a route that takes a body:
 - a request that the schema allows is mended where it breaks a rule that JSON Schema cannot state, so that it is
   still a request the server must accept (each rule is written in the field's description, and tests/test_server.py's
   table of bad requests checks its 400): `top_logprobs` needs `logprobs`; `best_of >= n`; `min_tokens <= max_tokens`;
@@ -12,8 +12,11 @@ Before each call of a completions route:
   out `content`; `tool_choice` other than none needs tools, tool names are unique, a named choice names one of them;
   a forced call (required, named) has no other constraint, no beam search, and tools whose arguments are any object
   (their random schemas seldom compile).
-- `max_tokens` and `max_completion_tokens` are held to at most 8 whatever the mode, if they were valid, so that an
-  accepted request is quick (a valid value stays valid: the mode of the case does not change).
+- the same for /v1/responses (no `previous_response_id`: responses are not stored; `max_output_tokens` set; a generated `text.format` schema
+  becomes `json_object`) and /tokenize (`prompt` or `messages`, one of the two; `tools` only with messages; messages
+  mended as above).
+- `max_tokens`, `max_completion_tokens` and `max_output_tokens` are held to at most 8 whatever the mode, if they were
+  valid, so that an accepted request is quick (a valid value stays valid: the mode of the case does not change).
 """
 import schemathesis
 
@@ -21,6 +24,7 @@ CAP = 8
 MAX_MODEL_LEN = 2048  # of the server under test: long enough for the prompts schemathesis makes
 VOCAB = 49152  # SmolLM2's vocabulary
 ROUTES = ('/v1/chat/completions', '/v1/completions')
+COUNTS = ('max_tokens', 'max_completion_tokens', 'max_output_tokens')
 
 
 def _valid_count(v) -> bool:
@@ -62,7 +66,7 @@ def _mend(b: dict, chat: bool):
         b['logit_bias'] = {k: v for k, v in b['logit_bias'].items() if int(k) < VOCAB}
 
 
-def _mend_tools(b: dict):
+def _mend_messages(b: dict):
     for m in b.get('messages') or []:
         if m.get('role') == 'tool' and m.get('tool_call_id') is None:
             m['tool_call_id'] = 'call_0'
@@ -72,6 +76,10 @@ def _mend_tools(b: dict):
             m.pop('tool_calls', None)
         if m.get('content') is None and not (m.get('role') == 'assistant' and m.get('tool_calls')):
             m['content'] = ''
+
+
+def _mend_tools(b: dict):
+    _mend_messages(b)
     tools = b.get('tools')
     choice = b.get('tool_choice')
     if not tools:
@@ -90,12 +98,36 @@ def _mend_tools(b: dict):
             t['function']['parameters'] = None
 
 
+def _mend_responses(b: dict):
+    b['previous_response_id'] = None
+    if b.get('max_output_tokens') is None:
+        b['max_output_tokens'] = CAP
+    fmt = (b.get('text') or {}).get('format')
+    if isinstance(fmt, dict) and fmt.get('type') == 'json_schema':
+        b['text']['format'] = {'type': 'json_object'}
+
+
+def _mend_tokenize(b: dict):
+    if b.get('messages') is None:
+        b['tools'] = None
+        b['prompt'] = b.get('prompt') if b.get('prompt') is not None else 'Hi'
+    else:
+        b['prompt'] = None
+        _mend_messages(b)
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
-    if case.path not in ROUTES or not isinstance(case.body, dict):
+    if not isinstance(case.body, dict):
         return
-    for key in ('max_tokens', 'max_completion_tokens'):
+    for key in COUNTS:
         if _valid_count(case.body.get(key)):
             case.body[key] = CAP
-    if case.meta is not None and case.meta.generation.mode.is_positive:
+    if case.meta is None or not case.meta.generation.mode.is_positive:
+        return
+    if case.path in ROUTES:
         _mend(case.body, chat=case.path == ROUTES[0])
+    elif case.path == '/v1/responses':
+        _mend_responses(case.body)
+    elif case.path == '/tokenize':
+        _mend_tokenize(case.body)

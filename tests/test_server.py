@@ -165,6 +165,7 @@ WEATHER = {'type': 'function', 'function': {'name': 'get_weather', 'description'
                           'additionalProperties': False}}}
 CALL = {'id': 'call_0', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': '{"city": "Paris"}'}}
 COMP = {'model': NAME, 'prompt': 'Hi', 'max_tokens': 4}
+RESP = {'model': NAME, 'input': 'Hi', 'max_output_tokens': 4}
 BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/chat/completions', {**CHAT, 'temperature': -1}, 400, 'temperature'),
     ('/v1/chat/completions', {**CHAT, 'top_p': 0}, 400, 'top_p'),
@@ -216,6 +217,25 @@ BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/completions', {**COMP, 'presence_penalty': 3}, 400, 'presence_penalty'),
     ('/v1/completions', {**COMP, 'best_of': 20, 'temperature': 1}, 400, 'best_of'),
     ('/v1/completions', {**COMP, 'model': 'nope'}, 404, 'model'),
+    ('/v1/chat/completions', {**CHAT, 'metadata': {'a': 1}}, 400, 'metadata.a'),
+    ('/v1/chat/completions', {**CHAT, 'stream_options': {'continuous_usage_stats': 'yes'}, 'stream': True}, 400, 'stream_options.continuous_usage_stats'),
+    ('/v1/responses', {**RESP, 'previous_response_id': 'resp_1'}, 400, 'previous_response_id'),
+    ('/v1/responses', {**RESP, 'tools': []}, 400, 'tools'),
+    ('/v1/responses', {**RESP, 'input': ''}, 400, 'input'),
+    ('/v1/responses', {**RESP, 'input': [{'role': 'tool', 'content': 'x'}]}, 400, 'input.0.role'),
+    ('/v1/responses', {**RESP, 'max_output_tokens': 5000}, 400, 'max_output_tokens'),
+    ('/v1/responses', {**RESP, 'temperature': 3}, 400, 'temperature'),
+    ('/v1/responses', {**RESP, 'text': {'format': {'type': 'json_schema', 'name': 'x', 'schema': {'type': 'wat'}}}}, 400, 'text.format'),
+    ('/v1/responses', {**RESP, 'model': 'gpt-4'}, 404, 'model'),
+    ('/v1/responses', {'input': 'Hi'}, 400, 'model'),
+    ('/tokenize', {'model': 'gpt-4', 'prompt': 'Hi'}, 404, 'model'),
+    ('/tokenize', {'prompt': 'Hi', 'messages': Q}, 400, None),  # one of the two
+    ('/tokenize', {}, 400, None),
+    ('/tokenize', {'prompt': 'Hi', 'tools': [WEATHER]}, 400, None),  # tools go with messages
+    ('/tokenize', {'messages': [{'role': 'tool', 'content': 'x'}]}, 400, 'messages.0'),
+    ('/detokenize', {'tokens': []}, 400, 'tokens'),
+    ('/detokenize', {'tokens': [-1]}, 400, 'tokens.0'),
+    ('/detokenize', {'tokens': [10**6]}, 400, 'tokens'),
     ('/v1/nothing', {}, 404, None),
 ]
 
@@ -669,3 +689,87 @@ def test_a_tool_calling_loop_through_the_official_client(server):
         one = c.chat.completions.create(messages=shots, parallel_tool_calls=False, **ask)
         assert len(one.choices[0].message.tool_calls) == 1
     assert wait_pool_free(engine)
+
+
+def test_tokenize_and_detokenize(server, client):
+    """/tokenize counts what the routes read (a chat's and a completion's prompt_tokens), /detokenize gives the text
+    back; neither is under /v1, so the API key does not guard them (as vLLM's)."""
+    u = server['url']
+    chat = client.chat.completions.create(model=NAME, messages=Q, max_tokens=2)
+    t = httpx.post(f'{u}/tokenize', json={'model': NAME, 'messages': Q, 'return_token_strs': True}).json()
+    assert t['count'] == len(t['tokens']) == chat.usage.prompt_tokens and t['max_model_len'] == CFG['max_model_len']
+    assert len(t['token_strs']) == t['count'] and t['token_strs'][0] == '<|im_start|>'
+    text = 'The three primary colors are'
+    comp = client.completions.create(model=NAME, prompt=text, max_tokens=2)
+    p = httpx.post(f'{u}/tokenize', json={'prompt': text}).json()
+    assert p['count'] == comp.usage.prompt_tokens and p['token_strs'] is None
+    assert httpx.post(f'{u}/detokenize', json={'model': NAME, 'tokens': p['tokens']}).json() == {'prompt': text}
+    assert httpx.post(f"{server['key_url']}/tokenize", json={'prompt': text}).json()['tokens'] == p['tokens']
+
+
+def test_responses_through_the_official_client(server, client):
+    """/v1/responses is the chat route in other words: instructions and a message list with output_text history give
+    the chat completion's greedy answer and usage; a cut answer is incomplete; the streamed events come in OpenAI's
+    order and add up to the same text (also through the client's stream helper); text.format gives responses.parse an
+    instance; a client that hangs up mid-stream leaves the pool free."""
+    from pydantic import BaseModel, Field
+    history = [{'role': 'user', 'content': 'What is 2 + 2?'},
+               {'role': 'assistant', 'content': [{'type': 'output_text', 'text': '4.'}]},
+               {'role': 'user', 'content': [{'type': 'input_text', 'text': 'And 3 + 3?'}]}]
+    same = [{'role': 'system', 'content': 'Answer briefly.'}, {'role': 'user', 'content': 'What is 2 + 2?'},
+            {'role': 'assistant', 'content': '4.'}, {'role': 'user', 'content': 'And 3 + 3?'}]
+    chat = client.chat.completions.create(model=NAME, messages=same, temperature=0, max_tokens=16)
+    ask = dict(model=NAME, instructions='Answer briefly.', input=history, temperature=0, max_output_tokens=16)
+    resp = client.responses.create(**ask, store=True, metadata={'k': 'v'})
+    assert resp.output_text == chat.choices[0].message.content and resp.id.startswith('resp_')
+    assert (resp.usage.input_tokens, resp.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert resp.usage.total_tokens == chat.usage.total_tokens and resp.model == NAME
+    assert resp.status == ('incomplete' if chat.choices[0].finish_reason == 'length' else 'completed'), resp
+    assert resp.store is False and resp.metadata == {'k': 'v'} and resp.instructions == 'Answer briefly.'
+    cut = client.responses.create(model=NAME, input='Tell me a long story.', max_output_tokens=3)
+    assert cut.status == 'incomplete' and cut.incomplete_details.reason == 'max_output_tokens'
+    assert cut.usage.output_tokens == 3 and cut.output[0].status == 'incomplete'
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ['response.created', 'response.in_progress', 'response.output_item.added',
+                         'response.content_part.added'], kinds
+    last = 'response.completed' if resp.status == 'completed' else 'response.incomplete'
+    assert kinds[-4:] == ['response.output_text.done', 'response.content_part.done', 'response.output_item.done', last]
+    assert set(kinds[4:-4]) == {'response.output_text.delta'} and len(kinds) > 9
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert ''.join(e.delta for e in events if e.type == 'response.output_text.delta') == resp.output_text
+    assert events[-1].response.output_text == resp.output_text and events[-1].response.usage == resp.usage
+    with client.responses.stream(**ask) as stream:
+        assert stream.get_final_response().output_text == resp.output_text
+
+    class City(BaseModel):
+        city: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    parsed = client.responses.parse(model=NAME, input='Give Paris as JSON with its city and country.', text_format=City,
+                                    temperature=0, max_output_tokens=64)
+    assert isinstance(parsed.output_parsed, City)
+    long = client.responses.create(model=NAME, input='Write a long story about a dragon.', max_output_tokens=800,
+                                   temperature=0, stream=True)
+    for _, e in zip(range(8), long):
+        pass
+    assert e.type == 'response.output_text.delta', 'still writing when the client hangs up'
+    long.close()
+    assert wait_pool_free(server['engine'], timeout=5)
+
+
+def test_continuous_usage_stats(client):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk has the usage so far, growing to
+    the last chunk's usage; on both routes."""
+    opts = {'include_usage': True, 'continuous_usage_stats': True}
+    chunks = list(client.chat.completions.create(model=NAME, messages=Q, max_tokens=8, temperature=0, stream=True,
+                                                 stream_options=opts))
+    done = [c.usage.completion_tokens for c in chunks]
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)
+    assert done[0] == 0 and done == sorted(done) and done[-1] == chunks[-1].usage.completion_tokens > 0, done
+    texts = list(client.completions.create(model=NAME, prompt=['Hi', 'Once upon'], max_tokens=4, temperature=0,
+                                           stream=True, stream_options=opts))
+    assert all(c.usage is not None for c in texts) and texts[-1].usage.completion_tokens == 8
+    plain = list(client.chat.completions.create(model=NAME, messages=Q, max_tokens=4, stream=True,
+                                                stream_options={'include_usage': True}))
+    assert all(c.usage is None for c in plain[:-1]), 'without it, only the last chunk'

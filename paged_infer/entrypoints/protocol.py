@@ -83,6 +83,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: Bool | None = None
+    continuous_usage_stats: Annotated[Bool, Field(description='with include_usage: usage on every chunk')] | None = None
 
 
 class JsonSchema(_Strict):
@@ -131,6 +132,9 @@ class _SamplingFields(_Strict):
     ignore_eos: Bool | None = False
     min_tokens: integer(ge=0, description='<= max_tokens') | None = 0
     user: Str | None = None
+    store: Annotated[Bool, Field(description='accepted; nothing is stored')] | None = None
+    metadata: Annotated[dict[str, Str], Field(description='accepted; changes nothing')] | None = None
+    service_tier: Annotated[Str, Field(description='accepted; there is one tier')] | None = None
     stream: Bool | None = False
     stream_options: Annotated[StreamOptions, Field(description='only with stream')] | None = None
     response_format: ResponseFormat | None = None
@@ -286,19 +290,8 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 # %% ../../nbs/16_protocol.ipynb #be3296a0
-_PARAM_FIELDS = (
-    'temperature',
-    'top_p',
-    'top_k',
-    'min_p',
-    'seed',
-    'presence_penalty',
-    'frequency_penalty',
-    'repetition_penalty',
-    'logit_bias',
-    'stop',
-    'stop_token_ids',
-)
+_PARAM_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty',
+                 'repetition_penalty', 'logit_bias', 'stop', 'stop_token_ids')
 
 
 def sampling_params(
