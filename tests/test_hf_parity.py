@@ -3,12 +3,14 @@
 - SmolLM2-135M-Instruct (the default model): 8 prompts of different lengths, half through the chat template, run
   together in one static batch, 64 new tokens each; tokens identical to HF's greedy `generate` on each prompt alone,
   and the logits of every sampled position within 1e-3 of HF's, in float32.
-- Small random-weight Qwen2 (qkv bias, 4 query heads over 2 KV heads) and Llama (llama3 rope scaling, 8 over 2)
+- Small random-weight Qwen2 (qkv bias, 4 query heads over 2 KV heads), Qwen3 (a norm over each head of q and k,
+  head_dim 64 where hidden_size / heads is 32, tied embeddings) and Llama (llama3 rope scaling, 8 over 2)
   configurations built here, so that each architecture branch is covered.
 """
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 from paged_infer.cache.block_manager import BlockManager
 from paged_infer.model.default_model import prepare_default_model
@@ -91,6 +93,9 @@ def test_smollm2_batch_matches_hf(smollm):
 def tiny_config(kind):
     common = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3, max_position_embeddings=512,
                   initializer_range=0.2, tie_word_embeddings=False)
+    if kind == 'qwen3':
+        common['tie_word_embeddings'] = True
+        return Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_parameters=dict(rope_type='default', rope_theta=1e6), **common), Qwen3ForCausalLM
     if kind == 'qwen2':
         return Qwen2Config(num_attention_heads=4, num_key_value_heads=2, rope_parameters=dict(rope_type='default', rope_theta=1e6), **common), Qwen2ForCausalLM
     l3 = dict(rope_type='llama3', rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -98,7 +103,7 @@ def tiny_config(kind):
     return LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=16, rope_parameters=l3, **common), HFLlama
 
 
-@pytest.mark.parametrize('kind', ['qwen2', 'llama3'])
+@pytest.mark.parametrize('kind', ['qwen2', 'qwen3', 'llama3'])
 def test_random_weights_match_hf(kind, tmp_path):
     torch.manual_seed(0)
     hf_cfg, cls = tiny_config(kind)
@@ -106,9 +111,12 @@ def test_random_weights_match_hf(kind, tmp_path):
     if kind == 'qwen2':  # HF initializes biases to zero; make them matter
         for layer in hf.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj): torch.nn.init.normal_(proj.bias, std=0.5)
+    if kind == 'qwen3':  # HF initializes the head norms to ones; make them matter
+        for layer in hf.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm): torch.nn.init.normal_(norm.weight, mean=1.0, std=0.5)
     hf.save_pretrained(tmp_path)
     cfg = ModelConfig.from_hf(hf_cfg)
-    assert cfg.qkv_bias == (kind == 'qwen2') and cfg.rope_scaling.get('rope_type') == ('llama3' if kind == 'llama3' else 'default')
+    assert cfg.qkv_bias == (kind == 'qwen2') and cfg.qk_norm == (kind == 'qwen3') and cfg.rope_scaling.get('rope_type') == ('llama3' if kind == 'llama3' else 'default')
     with torch.device('meta'): model = LlamaForCausalLM(cfg)
     load_weights(model, tmp_path, torch.float32, 'cpu')
     g = torch.Generator().manual_seed(1)
@@ -118,3 +126,36 @@ def test_random_weights_match_hf(kind, tmp_path):
         ref, ref_logits = run_hf(hf, p, 40, pad_id=0)
         assert toks == ref
         assert (logits - ref_logits).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize('mode', ['cached', 'uncached-recompute', 'cached-swap'])
+def test_qwen3_through_the_engine_matches_hf(mode, tmp_path):
+    """A random-weight Qwen3 folder (the default model's tokenizer beside it) served by the engine: greedy answers to
+    prompts that share a prefix, with prefix caching on or off, in a pool small enough that requests are preempted
+    (by recompute or by swap), are token-identical to transformers' generate on each prompt alone."""
+    import shutil
+    from paged_infer.entrypoints.llm import LLM
+    torch.manual_seed(0)
+    hf_cfg, cls = tiny_config('qwen3')
+    hf_cfg.vocab_size = 49152  # the default tokenizer's
+    hf = cls(hf_cfg).eval()
+    for layer in hf.model.layers:
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm): torch.nn.init.normal_(norm.weight, mean=1.0, std=0.5)
+    hf.save_pretrained(tmp_path)
+    for f in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'):
+        if (prepare_default_model() / f).exists(): shutil.copy(prepare_default_model() / f, tmp_path)
+    g = torch.Generator().manual_seed(2)
+    shared = torch.randint(0, 49152, (24,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, 49152, (n,), generator=g).tolist() for n in (5, 12, 20, 3)]
+    llm = LLM(model=str(tmp_path), dtype='float32', num_gpu_blocks=12, block_size=8, max_model_len=96,
+              enable_prefix_caching=mode.startswith('cached'), preemption_mode='swap' if 'swap' in mode else 'recompute',
+              num_cpu_blocks=32)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = llm.generate([{'prompt_token_ids': p} for p in prompts], params, use_tqdm=False)
+    for p, out in zip(prompts, outs):
+        ref, _ = run_hf(hf, p, 30, pad_id=0)
+        assert out.outputs[0].token_ids == ref
+    assert llm.engine.scheduler.num_preemptions > 0, 'the pool (96 tokens) is smaller than the batch (about 240)'
+    if mode.startswith('cached'):
+        assert llm.engine.block_manager.prefix_hits > 0
+    assert llm.engine.block_manager.num_free_blocks == 12
