@@ -1,8 +1,8 @@
 """Greedy parity on the GPU: the engine through the Triton kernels, eager and with CUDA graphs, against Hugging Face.
 
-    python tests/gpu/gpu_parity.py [--shapes qwen2.5-0.5b,llama-3.1-8b] [--assets DIR] [--out DIR]   # writes DIR/gpu_parity.json
+    python tests/gpu/gpu_parity.py [--shapes qwen3-0.6b,qwen2.5-0.5b,llama-3.1-8b] [--assets DIR] [--out DIR]   # writes DIR/gpu_parity.json
 
-Random-weight models of two named shapes (Qwen2.5-0.5B, Llama-3.1-8B), built here because no weights can be
+Random-weight models of named shapes (Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.1-8B), built here because no weights can be
 downloaded on the GPU machine, with the SmolLM2 tokenizer carried along (only token ids matter). For each shape,
 each engine setting (plain; a pool small enough to preempt, by recompute and by swap; a shared prefix with cache hits;
 a token budget that forces chunked prefill) and each mode (eager, CUDA graphs), 8 prompts of 24 to 300 random tokens
@@ -20,13 +20,16 @@ import argparse, json, shutil, tempfile, time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from paged_infer.core.engine import LLMEngine
 from paged_infer.model.default_model import prepare_default_model
 from paged_infer.core.sampling_params import SamplingParams
 
 SHAPES = {
+    'qwen3-0.6b': lambda: Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                                      rope_parameters=dict(rope_type='default', rope_theta=1e6), tie_word_embeddings=True),
     'qwen2.5-0.5b': lambda: Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                                         rope_parameters=dict(rope_type='default', rope_theta=1e6), tie_word_embeddings=True),
