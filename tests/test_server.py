@@ -367,7 +367,8 @@ def test_inter_token_latency_is_observed_per_gap(server, client):
 
 def test_openapi_conformance():
     """schemathesis (its command line) over every operation of the server's own /openapi.json, every phase it has
-    (examples, coverage, fuzzing, stateful) and every check, seeded and bounded: no failure of any kind. The server
+    (examples, coverage, fuzzing, stateful) and every check but the response-time limit (a timing, which a loaded CI
+    machine fails at random; a hang still fails, at the 60 s request timeout), seeded and bounded: no failure. The server
     has an API key, so that the checks of authentication run too, and the tool template and parser, so that tools are
     rendered and answers parsed. tests/schemathesis_hooks.py says how requests are
     kept quick, and which rules between fields (that JSON Schema cannot state) it mends in schema-valid requests."""
@@ -381,6 +382,7 @@ def test_openapi_conformance():
             cmd = [str(Path(sys.executable).parent / 'st'), 'run', url + '/openapi.json', '--checks', 'all',
                    '--phases', 'examples,coverage,fuzzing,stateful', '--max-examples', '10', '--seed', '1',
                    '--workers', '1', '--continue-on-failure', '--output-sanitize', 'false', '--request-timeout', '60',
+                   '--exclude-checks', 'max_response_time',
                    '-H', f'Authorization: Bearer {KEY}', '--no-color']
             env = {**os.environ, 'SCHEMATHESIS_HOOKS': 'schemathesis_hooks', 'PYTHONPATH': str(Path(__file__).parent)}
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
