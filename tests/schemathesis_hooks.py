@@ -4,7 +4,7 @@ Before each call of a route that takes a body:
 - a request that the schema allows is mended where it breaks a rule that JSON Schema cannot state, so that it is
   still a request the server must accept (each rule is written in the field's description, and tests/test_server.py's
   table of bad requests checks its 400): `top_logprobs` needs `logprobs`; `best_of >= n`; `min_tokens <= max_tokens`;
-  no `best_of` or beam search with `stream`; `stream_options` only with `stream`; no `echo` with `logprobs`; beam
+  no `best_of` or beam search with `stream`; `stream_options` only with `stream`; beam
   search needs more than one sequence and no sampling knobs; logit_bias keys are token ids below the vocabulary size;
   `response_format` or `structured_outputs`, not both, and neither with beam search; a constraint must compile (a
   random regex, grammar or JSON schema seldom does), so a generated one becomes `json_object`; a `tool` message has a
@@ -49,8 +49,6 @@ def _mend(b: dict, chat: bool):
         b['best_of'], b['use_beam_search'] = None, False
     elif b.get('stream_options') is not None:
         b['stream_options'] = None
-    if not chat and b.get('echo') and b.get('logprobs') is not None:
-        b['echo'] = False
     if b.get('use_beam_search'):
         sampling = any(b.get(k) is not None for k in ('top_p', 'top_k', 'min_p')) or (b.get('temperature') or 0) > 0
         if sampling or max(n, b.get('best_of') or 1) < 2:

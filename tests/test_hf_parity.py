@@ -159,3 +159,32 @@ def test_qwen3_through_the_engine_matches_hf(mode, tmp_path):
     if mode.startswith('cached'):
         assert llm.engine.block_manager.prefix_hits > 0
     assert llm.engine.block_manager.num_free_blocks == 12
+
+
+@pytest.mark.parametrize('mode', ['whole', 'chunked', 'preempted'])
+def test_prompt_logprobs_match_hf(smollm, mode):
+    """prompt_logprobs: each prompt token's logprob under the model (the first: None) and the top 3 at its place, within
+    1e-4 of transformers' log-softmax over one forward of the prompt, in float32; whole, in chunks of a 32-token budget,
+    and in a pool small enough to preempt; a prompt whose prefix is in the prefix cache still gets all of them."""
+    from paged_infer.entrypoints.llm import LLM
+    _, tok, hf = smollm
+    cfg = {'whole': {}, 'chunked': dict(max_num_batched_tokens=32, enable_chunked_prefill=True),
+           'preempted': dict(num_gpu_blocks=12, block_size=8, max_model_len=96)}[mode]
+    llm = LLM(**{'num_gpu_blocks': 64, **cfg})
+    texts = ['Hi', 'The quick brown fox jumps over the lazy cat and', 'The quick brown fox jumps over the lazy dog. ' * 3]
+    prompts = [tok(t).input_ids for t in texts]  # the last to arrive, the first preempted: the longest prompt
+    llm.generate([{'prompt_token_ids': prompts[2]}], SamplingParams(max_tokens=2), use_tqdm=False)  # now cached
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, prompt_logprobs=3)
+    outs = llm.generate([{'prompt_token_ids': p} for p in prompts], params, use_tqdm=False)
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf(torch.tensor([p])).logits[0].float().log_softmax(-1)
+        got = out.prompt_logprobs
+        assert len(got) == len(p) and got[0] is None and out.num_cached_tokens == 0
+        for j in range(1, len(p)):
+            assert abs(got[j][p[j]] - ref[j - 1, p[j]].item()) < 1e-4, (j, got[j], ref[j - 1, p[j]])
+            top = ref[j - 1].topk(3)
+            assert set(top.indices.tolist()) <= set(got[j]) and len(got[j]) <= 4
+    if mode == 'preempted':
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.gpu.num_blocks

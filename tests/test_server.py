@@ -212,7 +212,6 @@ BAD = [  # (path, body or raw bytes, status, param)
     ('/v1/completions', {**COMP, 'prompt': [10**9]}, 400, 'prompt'),
     ('/v1/completions', {**COMP, 'prompt': 3}, 400, 'prompt'),
     ('/v1/completions', {**COMP, 'suffix': 'x'}, 400, 'suffix'),
-    ('/v1/completions', {**COMP, 'logprobs': 2, 'echo': True}, 400, 'echo'),
     ('/v1/completions', {**COMP, 'min_tokens': 9}, 400, 'min_tokens'),
     ('/v1/completions', {**COMP, 'presence_penalty': 3}, 400, 'presence_penalty'),
     ('/v1/completions', {**COMP, 'best_of': 20, 'temperature': 1}, 400, 'best_of'),
@@ -775,3 +774,25 @@ def test_continuous_usage_stats(client):
     plain = list(client.chat.completions.create(model=NAME, messages=Q, max_tokens=4, stream=True,
                                                 stream_options={'include_usage': True}))
     assert all(c.usage is None for c in plain[:-1]), 'without it, only the last chunk'
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, offline):
+    """`echo` with `logprobs` (what evaluation harnesses send to score a text): the prompt's tokens come first in the
+    logprobs, the first with none, each the offline engine's prompt_logprobs; then the answer's; streamed the same."""
+    text = 'The capital of France is Paris.'
+    r = client.completions.create(model=NAME, prompt=text, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    ref = offline.generate(text, SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2), use_tqdm=False)[0]
+    n = len(ref.prompt_token_ids)
+    assert len(lp.tokens) == n + r.usage.completion_tokens and r.usage.prompt_tokens == n
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    want = [d[t] for d, t in zip(ref.prompt_logprobs[1:], ref.prompt_token_ids[1:])]
+    assert lp.token_logprobs[1:n] == pytest.approx(want, abs=1e-5)
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:]) and r.choices[0].text.startswith(text)
+    streamed = {'tokens': [], 'token_logprobs': []}
+    for ch in client.completions.create(model=NAME, prompt=text, max_tokens=3, temperature=0, echo=True, logprobs=2,
+                                        stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            streamed['tokens'] += ch.choices[0].logprobs.tokens
+            streamed['token_logprobs'] += ch.choices[0].logprobs.token_logprobs
+    assert streamed == {'tokens': lp.tokens, 'token_logprobs': lp.token_logprobs}

@@ -176,10 +176,10 @@ def _table(self: BlockManager, seq_id: int) -> BlockTable:
 
 # %% ../../nbs/03_block_manager.ipynb #55255be7
 @patch
-def _match_prefix(self: BlockManager, token_ids) -> list[tuple[bytes, int]]:
+def _match_prefix(self: BlockManager, token_ids, use_cache: bool = True) -> list[tuple[bytes, int]]:
     "(hash, block id) of the prompt's leading cached blocks; never the block holding the last token."
     hits, parent, B = [], None, self.block_size
-    for i in range((len(token_ids) - 1) // B):
+    for i in range((len(token_ids) - 1) // B if use_cache else 0):
         h = hash_block(parent, token_ids[i * B : (i + 1) * B])
         bid = self.gpu.lookup(h)
         if bid is None:
@@ -190,35 +190,36 @@ def _match_prefix(self: BlockManager, token_ids) -> list[tuple[bytes, int]]:
 
 
 @patch
-def blocks_to_allocate(self: BlockManager, prompts) -> int:
+def blocks_to_allocate(self: BlockManager, prompts, use_cache: bool = True) -> int:
     "Free blocks that allocating these token lists one after another takes (prefix-cache hits counted)."
     needed, revived = 0, set()
     for token_ids in prompts:
-        hits = self._match_prefix(token_ids)
+        hits = self._match_prefix(token_ids, use_cache)
         needed += cdiv(len(token_ids), self.block_size) - len(hits)  # blocks less prefix-cache hits
         revived.update(b for _, b in hits if self.gpu.blocks[b].ref_count == 0)  # evictable now, taken back
     return needed + len(revived)  # a revived block counted once
 
 
 @patch
-def can_allocate(self: BlockManager, token_ids) -> bool:
+def can_allocate(self: BlockManager, token_ids, use_cache: bool = True) -> bool:
     "Whether a prompt of `token_ids` can get its blocks now, keeping the watermark free."
-    return self.gpu.num_free - self.blocks_to_allocate([token_ids]) >= self.watermark_blocks
+    return self.gpu.num_free - self.blocks_to_allocate([token_ids], use_cache) >= self.watermark_blocks
 
 # %% ../../nbs/03_block_manager.ipynb #9523049d
 @patch
-def allocate(self: BlockManager, seq_id: int, token_ids) -> int:
-    "Block table for a new prompt, reusing prefix-cached blocks; returns how many leading tokens are already cached."
+def allocate(self: BlockManager, seq_id: int, token_ids, use_cache: bool = True) -> int:
+    """Block table for a new prompt, reusing prefix-cached blocks; returns how many leading tokens are already cached.
+    `use_cache` False: fresh blocks only (a request that wants every prompt token computed: its prompt logprobs)."""
     if seq_id in self.tables or seq_id in self.cpu_tables:
         raise DuplicateSequenceError(f'sequence {seq_id} already has blocks')
     if not token_ids:
         raise ValueError('a prompt needs at least one token')
-    if not self.can_allocate(token_ids):
+    if not self.can_allocate(token_ids, use_cache):
         raise NoFreeBlocksError(
             f'{cdiv(len(token_ids), self.block_size)} blocks wanted, {self.gpu.num_free} free '
             f'(watermark {self.watermark_blocks})'
         )
-    hits = self._match_prefix(token_ids)
+    hits = self._match_prefix(token_ids, use_cache)
     for _, bid in hits:
         self.gpu.incref(bid)
     table = BlockTable(self.block_size, [b for _, b in hits], len(token_ids), [h for h, _ in hits])

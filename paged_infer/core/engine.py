@@ -138,6 +138,8 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
         raise RequestError(f'prompt token ids must be in [0, {V})', 'prompt')
     params.check_vocab(V)
     self.grammars.check(params)
+    if params.prompt_logprobs is not None and self.config.tensor_parallel_size > 1:  # its LM head is a collective
+        raise RequestError('prompt_logprobs is not supported with tensor parallelism', 'prompt_logprobs')
     if (k := params.num_seqs_to_sample) > self.config.max_num_seqs:  # its sequences run side by side, or not at all
         name = 'best_of' if params.best_of is not None else 'n'
         raise RequestError(f'{name} ({k}) exceeds max_num_seqs ({self.config.max_num_seqs})', name)

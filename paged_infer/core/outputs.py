@@ -36,6 +36,7 @@ class RequestOutput:
     first_token_time: float | None = None
     finished_time: float | None = None
     error: BaseException | None = None  # why the request failed inside a step (then finished, reason 'abort')
+    prompt_logprobs: list | None = None  # with SamplingParams.prompt_logprobs: per prompt token, {id: logprob} or None
 
 
 @dataclass

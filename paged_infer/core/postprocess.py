@@ -246,6 +246,7 @@ def _output(self: Postprocessor, g: SequenceGroup) -> RequestOutput:
         g.arrival_time,
         g.first_token_time,
         g.finished_time,
+        prompt_logprobs=next((s.prompt_logprobs for s in g.seqs), None),
     )
 
 

@@ -65,6 +65,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # each prompt token's logprob and the top k at its place (vLLM's)
     logit_bias: dict[int, float] | None = None
     use_beam_search: bool = False
     length_penalty: float = 1.0
@@ -153,6 +154,12 @@ def _check_counts(p: SamplingParams):
             _is_int(p.logprobs) and 0 <= p.logprobs <= MAX_LOGPROBS,
             'logprobs',
             f'must be an integer in [0, {MAX_LOGPROBS}], got {p.logprobs!r}',
+        )
+    if p.prompt_logprobs is not None:
+        _require(
+            _is_int(p.prompt_logprobs) and 0 <= p.prompt_logprobs <= MAX_LOGPROBS,
+            'prompt_logprobs',
+            f'must be an integer in [0, {MAX_LOGPROBS}], got {p.prompt_logprobs!r}',
         )
     if p.seed is not None:  # torch.Generator.manual_seed takes [-2**63, 2**64)
         _require(_is_int(p.seed) and -(2**63) <= p.seed < 2**64, 'seed', f'must be a 64-bit integer, got {p.seed!r}')

@@ -182,7 +182,7 @@ def _width(g: SequenceGroup) -> int:
 @patch
 def _blocks_to_admit(self: Scheduler, seqs) -> int:
     "Free blocks a request's waiting sequences take: each is allocated on its own, sharing only cached blocks."
-    return self.bm.blocks_to_allocate([s.token_ids() for s in seqs])
+    return self.bm.blocks_to_allocate([s.token_ids() for s in seqs], seqs[0].params.prompt_logprobs is None)
 
 
 @patch
@@ -294,7 +294,8 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int, num_se
             break
         self.waiting.popleft()
         for s in seqs:
-            s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids())  # prefix-cache hits are computed already
+            fresh = s.params.prompt_logprobs is not None  # its prompt's logits are wanted: no prefix-cache hits
+            s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids(), not fresh)  # hits: computed already
             s.status = SequenceStatus.RUNNING
         if not g.seqs[0].output_token_ids:
             g.num_cached_tokens = g.seqs[0].num_computed_tokens  # first admission

@@ -58,11 +58,14 @@ class Sequence:
     beam_proposals: list | None = None  # beam search: (token id, logprob) candidates waiting for the beam step
     num_pending_tokens: int = 0  # sampled by a step still running on the device (async scheduling, chapter 13)
     grammar: object = None  # structured outputs: where the output stands in its grammar (chapter 13c)
+    prompt_logprobs: list | None = None  # per prompt token so far: {token id: logprob}, None for the first
 
     def __post_init__(self):
         if not self.prompt_token_ids:
             raise ValueError('a sequence needs at least one prompt token')
         self.prompt_token_ids = list(self.prompt_token_ids)
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]  # the first token has nothing before it
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -137,6 +140,7 @@ def fork(self: Sequence) -> Sequence:
         output_token_ids=list(self.output_token_ids),
         output_logprobs=list(self.output_logprobs),
         output_top_logprobs=list(self.output_top_logprobs),
+        prompt_logprobs=self.prompt_logprobs,  # complete before any fork: shared, never appended to again
         cumulative_logprob=self.cumulative_logprob,
         num_computed_tokens=self.num_computed_tokens,
         status=self.status,

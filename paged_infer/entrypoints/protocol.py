@@ -214,7 +214,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: Text | Annotated[list[Text], NONEMPTY] | TokenIds | Annotated[list[TokenIds], NONEMPTY]
     max_tokens: MaxTokens | None = 16  # OpenAI's default for completions
-    logprobs: integer(ge=0, le=MAX_LOGPROBS, description='not with echo') | None = None
+    logprobs: integer(ge=0, le=MAX_LOGPROBS, description='with echo: the prompt tokens too') | None = None
     echo: Bool | None = False
 
 # %% ../../nbs/16_protocol.ipynb #24f75a77
@@ -312,8 +312,8 @@ def sampling_params(
             kw['logprobs'] = req.top_logprobs or 0
     else:
         kw['logprobs'] = req.logprobs
-        if req.echo and req.logprobs is not None:
-            raise APIError(400, 'echo with logprobs (prompt logprobs) is not supported', 'echo')
+        if req.echo and req.logprobs is not None:  # the echoed prompt's tokens get logprobs too
+            kw['prompt_logprobs'] = req.logprobs
     if kw['use_beam_search'] and 'temperature' not in kw:
         kw['temperature'] = 0.0
     if req.stream and (req.best_of not in (None, req.n) or req.use_beam_search):

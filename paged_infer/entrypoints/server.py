@@ -43,7 +43,9 @@ from paged_infer.entrypoints.streaming import (
     collect,
     completion_logprobs,
     completion_stream,
+    echo_logprobs,
     failure,
+    join_logprobs,
     merge,
 )
 from .endpoints import add_routes
@@ -182,18 +184,23 @@ async def _completions(r: _Route, req: CompletionRequest, request: Request | Non
             return None
         return completion_logprobs(r.tok, c.token_ids[start:], c.logprobs[start:], req.logprobs, offset)
 
+    def echo_lp(out):  # the echoed prompt's logprobs (16a), when logprobs are asked for too
+        if not req.echo or req.logprobs is None:
+            return None
+        return echo_logprobs(r.tok, out.prompt_token_ids, out.prompt_logprobs, req.logprobs)
+
     if req.stream:
         include_usage, continuous = _usage_asked(req)
         chunk = _chunker(rid, 'text_completion', created, r.name, include_usage)
         outputs = r.outputs(prompts, params, rid)
-        events = completion_stream(outputs, prompts, n, echo, chunk, lp, include_usage, continuous)
+        events = completion_stream(outputs, prompts, n, echo, chunk, lp, include_usage, continuous, echo_lp)
         return StreamingResponse(events, media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
     finals = await collect(r.outputs(prompts, params, rid), request)
     choices = [
         {
             'index': i * n + c.index,
             'text': echo[i] + c.text,
-            'logprobs': lp(c, 0, len(echo[i])),
+            'logprobs': join_logprobs(echo_lp(finals[i]), lp(c, 0, len(echo[i]))),
             'finish_reason': c.finish_reason,
         }
         for i in sorted(finals)

@@ -59,6 +59,8 @@ class HostBatch:
     logits_indices: list  # rows of the flat batch whose next token is sampled
     # (flat index, row of the previous step's tokens): inputs still on the device
     pending: list = field(default_factory=list)
+    # (sequence, first row, rows, first token): prompt tokens whose logprobs are wanted (never sent to other ranks)
+    prompt_rows: list = field(default_factory=list)
 
 
 @dataclass
@@ -114,10 +116,14 @@ def host_batch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables
     # several-token sequences first (in their order), then the decodes; at batch 256 this loop is per-step host
     # time that a small model's GPU step does not hide (chapter 13): plain appends, counts read once
     order = [i for i, n in enumerate(num_new_tokens) if n != 1] + [i for i, n in enumerate(num_new_tokens) if n == 1]
-    ids, pos, ctx, qlen, tables, rows, sampled, pending = [], [], [], [], [], [], [], []
+    ids, pos, ctx, qlen, tables, rows, sampled, pending, prompt_rows = [], [], [], [], [], [], [], [], []
     for i in order:
         s, n = seqs[i], num_new_tokens[i]
         start, total = s.num_computed_tokens, s.num_tokens
+        if s.prompt_logprobs is not None:  # the rows before prompt tokens it has no logprob of yet
+            first, last = max(start + 1, len(s.prompt_logprobs)), min(start + n, s.num_prompt_tokens - 1)
+            if first <= last:
+                prompt_rows.append((s, len(ids) + first - 1 - start, last - first + 1, first))
         if not 1 <= n <= total - start:
             raise ValueError(f'sequence {s.seq_id}: cannot run {n} of its {total - start} uncomputed tokens')
         if s.num_pending_tokens:  # its newest token is still on the device: the step before samples it
@@ -142,7 +148,7 @@ def host_batch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables
             else:
                 rows += [len(ids) - 1] * k
                 sampled += [s] * k
-    return HostBatch(ids, pos, ctx, qlen, tables, rows, pending), sampled
+    return HostBatch(ids, pos, ctx, qlen, tables, rows, pending, prompt_rows), sampled
 
 
 # %% ../../nbs/11_model_runner.ipynb #13e037a4
@@ -176,8 +182,29 @@ def run_batch(self: ModelRunner, b: HostBatch, sampled: list | None = None, prev
         self.peers.send('run_batch', b)  # every rank runs the same step, in step
     step = self.to_device(b, sampled, prev)
     hidden = self.model(step.input_ids, step.positions, self.kv_layers, step.meta)  # (num_tokens, hidden)
+    if b.prompt_rows:
+        prompt_logprobs(self.model, hidden, b.prompt_rows)
     return self.model.compute_logits(hidden[step.logits_indices]) if b.logits_indices else None
 
+
+# %% ../../nbs/11_model_runner.ipynb #1b14c88b
+@torch.inference_mode()
+def prompt_logprobs(model: LlamaForCausalLM, hidden: torch.Tensor, prompt_rows: list, rows_at_once: int = 256):
+    "Append each listed prompt token's logprob, and the top k at its place, to its sequence's `prompt_logprobs`."
+    for s, row, count, first in prompt_rows:
+        k = s.params.prompt_logprobs
+        for a in range(0, count, rows_at_once):
+            m = min(rows_at_once, count - a)
+            lp = torch.log_softmax(model.compute_logits(hidden[row + a : row + a + m]), -1)  # float32
+            targets = s.token_ids(first + a, first + a + m)
+            chosen = lp.gather(1, torch.tensor(targets, device=lp.device)[:, None])[:, 0].tolist()
+            top_lps, top_ids = lp.topk(k, -1) if k else (None, None)
+            for j, (t, c) in enumerate(zip(targets, chosen)):
+                d = {t: c}  # the prompt's own token first, then the top k (as the output logprobs are kept)
+                if k:
+                    for other, v in zip(top_ids[j].tolist(), top_lps[j].tolist()):
+                        d.setdefault(other, v)
+                s.prompt_logprobs.append(d)
 
 # %% ../../nbs/11_model_runner.ipynb #ce6aaaa3
 class StepFuture:
@@ -222,7 +249,7 @@ def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: li
     batch = self.sampling_batch(sampled) if sampled else None  # first: its copy to the GPU then waits for nothing
     if num_steps is not None:
         return sampled, self._launch_steps(host, sampled, batch, num_steps, prev)
-    if self.graphs is not None and self.graphs.fits(host.query_lens):
+    if self.graphs is not None and self.graphs.fits(host.query_lens) and not host.prompt_rows:
         logits = self._decode_with_graph(host, prev)
     else:
         logits = self.run_batch(host, sampled, prev)
