@@ -366,8 +366,9 @@ def test_inter_token_latency_is_observed_per_gap(server, client):
 
 def test_openapi_conformance():
     """schemathesis (its command line) over every operation of the server's own /openapi.json, every phase it has
-    (examples, coverage, fuzzing, stateful) and every check but the response-time limit (a timing, which a loaded CI
-    machine fails at random; a hang still fails, at the 60 s request timeout), seeded and bounded: no failure. The server
+    (examples, coverage, fuzzing, stateful) and every check, seeded and bounded: no failure. The response-time check's
+    limit is the request timeout, 60 s, not its default 10 s: a loaded CI machine took 13.7 s for an 838-token prompt
+    once; a hang still fails. The server
     has an API key, so that the checks of authentication run too, and the tool template and parser, so that tools are
     rendered and answers parsed. tests/schemathesis_hooks.py says how requests are
     kept quick, and which rules between fields (that JSON Schema cannot state) it mends in schema-valid requests."""
@@ -381,7 +382,7 @@ def test_openapi_conformance():
             cmd = [str(Path(sys.executable).parent / 'st'), 'run', url + '/openapi.json', '--checks', 'all',
                    '--phases', 'examples,coverage,fuzzing,stateful', '--max-examples', '10', '--seed', '1',
                    '--workers', '1', '--continue-on-failure', '--output-sanitize', 'false', '--request-timeout', '60',
-                   '--exclude-checks', 'max_response_time',
+                   '--max-response-time', '60',
                    '-H', f'Authorization: Bearer {KEY}', '--no-color']
             env = {**os.environ, 'SCHEMATHESIS_HOOKS': 'schemathesis_hooks', 'PYTHONPATH': str(Path(__file__).parent)}
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
@@ -673,6 +674,9 @@ def test_a_tool_calling_loop_through_the_official_client(server):
             assert [(x['name'], x['arguments']) for x in calls] == [(call.function.name, call.function.arguments)]
         none = c.chat.completions.create(messages=turns, tool_choice='none', **ask)
         assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason != 'tool_calls'
+        brief = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}]  # no tools
+        ids = httpx.post(f'{url}/tokenize', json={'messages': brief}).json()['tokens']
+        assert engine.engine.tokenizer.decode(ids).startswith('<|im_start|>system\nBe brief.<|im_end|>')
     llama = build_app(engine, NAME, tool_call_parser='llama3_json', enable_auto_tool_choice=True)
     shots = [{'role': 'user', 'content': 'Weather in Paris and in Rome?'},
              {'role': 'assistant', 'content': '{"name": "get_weather", "parameters": {"city": "Paris"}}; '

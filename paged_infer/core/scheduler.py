@@ -179,10 +179,15 @@ def _width(g: SequenceGroup) -> int:
     return sum(not s.is_finished for s in g.seqs)
 
 # %% ../../nbs/12_scheduler.ipynb #9ce38347
+def _wants_rows(s) -> bool:
+    "Whether `s` still needs its prompt rows computed (prompt logprobs missing): then no prefix-cache hits for it."
+    return s.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens
+
+
 @patch
 def _blocks_to_admit(self: Scheduler, seqs) -> int:
     "Free blocks a request's waiting sequences take: each is allocated on its own, sharing only cached blocks."
-    return self.bm.blocks_to_allocate([s.token_ids() for s in seqs], seqs[0].params.prompt_logprobs is None)
+    return self.bm.blocks_to_allocate([s.token_ids() for s in seqs], not any(_wants_rows(s) for s in seqs))
 
 
 @patch
@@ -294,8 +299,7 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int, num_se
             break
         self.waiting.popleft()
         for s in seqs:
-            fresh = s.params.prompt_logprobs is not None  # its prompt's logits are wanted: no prefix-cache hits
-            s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids(), not fresh)  # hits: computed already
+            s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids(), not _wants_rows(s))  # hits: computed
             s.status = SequenceStatus.RUNNING
         if not g.seqs[0].output_token_ids:
             g.num_cached_tokens = g.seqs[0].num_computed_tokens  # first admission

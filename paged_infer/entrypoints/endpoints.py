@@ -147,7 +147,11 @@ def _response_usage(prompt: list, out) -> dict:
             'output_tokens_details': {'reasoning_tokens': 0}, 'total_tokens': n_in + n_out}
 
 
+_CUT = {'code': 'server_error', 'message': 'the engine cut the request short'}  # a failed response's error
+
+
 def _message(item_id: str, text: str, status: str) -> dict:
+    status = 'incomplete' if status == 'failed' else status  # an item is completed, incomplete or in progress
     part = {'type': 'output_text', 'text': text, 'annotations': [], 'logprobs': []}
     return {'type': 'message', 'id': item_id, 'status': status, 'role': 'assistant', 'content': [part] if text else []}
 
@@ -158,7 +162,8 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, s
     fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
     return {
         'id': rid, 'object': 'response', 'created_at': created, 'status': status, 'model': model,
-        'error': None, 'incomplete_details': {'reason': reason} if reason else None,
+        'error': _CUT if status == 'failed' else None,
+        'incomplete_details': {'reason': reason} if reason else None,
         'instructions': req.instructions, 'output': output, 'usage': usage,
         'max_output_tokens': req.max_output_tokens, 'temperature': req.temperature, 'top_p': req.top_p,
         'text': {'format': fmt or {'type': 'text'}}, 'tools': [], 'tool_choice': 'none', 'parallel_tool_calls': False,
@@ -170,6 +175,8 @@ def _finish(out) -> tuple:
     "(status, incomplete reason) of a finished answer: cut by max_output_tokens (or the context) is incomplete."
     if out.outputs[0].finish_reason == 'length':
         return 'incomplete', 'max_output_tokens'
+    if out.outputs[0].finish_reason == 'abort':  # cut by the engine: what it holds is not the answer
+        return 'failed', None
     return 'completed', None
 
 # %% ../../nbs/16f_endpoints.ipynb #3ca125e7
@@ -209,7 +216,7 @@ async def response_events(outputs, prompt: list, head):
     yield event('response.content_part.done', part={**empty, 'text': text}, **at)
     yield event('response.output_item.done', output_index=0, item=_message(item_id, text, status))
     done = head(status, [_message(item_id, text, status)], _response_usage(prompt, final), reason)
-    yield event('response.completed' if status == 'completed' else 'response.incomplete', response=done)
+    yield event(f'response.{status}', response=done)  # completed, incomplete or failed
 
 # %% ../../nbs/16f_endpoints.ipynb #8999bcd2
 def _content(content):

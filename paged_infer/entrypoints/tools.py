@@ -13,7 +13,7 @@ from ..core.structured_outputs import StructuredOutputsParams
 from .protocol import APIError
 
 HERMES_TOOL_TEMPLATE = (
-    "{%- if tools or messages[0].role != 'system' %}{{- '<|im_start|>system\n' }}"
+    "{{- '<|im_start|>system\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content }}"
     "{%- else %}{{- 'You are a helpful AI assistant named SmolLM, trained by Hugging Face' }}{%- endif %}"
     "{%- if tools %}{{- '\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n'"
@@ -21,7 +21,7 @@ HERMES_TOOL_TEMPLATE = (
     "{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within '"
     " + '<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": '"
-    " + '<args-json-object>}\n</tool_call>' }}{%- endif %}{{- '<|im_end|>\n' }}{%- endif %}"
+    " + '<args-json-object>}\n</tool_call>' }}{%- endif %}{{- '<|im_end|>\n' }}"
     "{%- for message in messages %}"
     "{%- if message.role == 'system' and loop.first %}"
     "{%- elif message.role == 'assistant' and message.tool_calls %}{{- '<|im_start|>assistant' }}"
@@ -97,7 +97,7 @@ def scan_call(text: str, i: int) -> tuple:
         if key == 'name' and isinstance(value, str):
             name = value
         elif key in _ARGS and args is None:
-            args = text[i:end]
+            args = value if isinstance(value, str) else text[i:end]  # arguments written as a JSON string: its text
         i = end
 
 # %% ../../nbs/16e_tools.ipynb #acfc0fab
@@ -183,14 +183,28 @@ class ToolDeltas:
         return delta
 
 # %% ../../nbs/16e_tools.ipynb #1e825b6e
+def _renamed(x, old: str, new: str):
+    "`x` with every `$ref` that starts with `old` starting with `new` instead."
+    if isinstance(x, list):
+        return [_renamed(v, old, new) for v in x]
+    if not isinstance(x, dict):
+        return x
+    ref = x.get('$ref')
+    moved = {'$ref': new + ref[len(old) :]} if isinstance(ref, str) and ref.startswith(old) else {}
+    return {**{k: _renamed(v, old, new) for k, v in x.items()}, **moved}
+
+
 def _required_schema(tools: list, parallel: bool) -> dict:
-    "The JSON schema of tool_choice required's answer: an array of calls, each naming one of `tools`."
-    each = []
-    for t in tools:
-        props = {'name': {'type': 'string', 'enum': [t.function.name]}, 'parameters': _params(t)}
+    """The JSON schema of tool_choice required's answer: an array of calls, each naming one of `tools`. A tool's
+    `$defs` (pydantic writes nested models there) move to the root, renamed per tool, so that its refs still resolve."""
+    each, defs = [], {}
+    for i, t in enumerate(tools):
+        params = _renamed(dict(_params(t)), '#/$defs/', f'#/$defs/tool{i}_')
+        defs |= {f'tool{i}_{k}': v for k, v in params.pop('$defs', {}).items()}
+        props = {'name': {'type': 'string', 'enum': [t.function.name]}, 'parameters': params}
         call = {'type': 'object', 'properties': props, 'required': ['name', 'parameters']}
         each.append({**call, 'additionalProperties': False})
-    schema = {'type': 'array', 'minItems': 1, 'items': {'anyOf': each}}
+    schema = {'type': 'array', 'minItems': 1, 'items': {'anyOf': each}, **({'$defs': defs} if defs else {})}
     if not parallel:
         schema['maxItems'] = 1
     return schema
