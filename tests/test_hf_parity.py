@@ -188,3 +188,29 @@ def test_prompt_logprobs_match_hf(smollm, mode):
     if mode == 'preempted':
         assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.gpu.num_blocks
+
+
+def test_prompt_logprobs_survive_a_recompute_in_the_middle_of_a_chunked_prefill(smollm, monkeypatch):
+    """A 60-token prompt with prompt_logprobs, prefilled 16 tokens a step beside a decoding request, in a pool (9 blocks
+    of 8) that the decode outgrows: the prompt is preempted while its list is partial and recomputed from the start;
+    its list is whole, each entry once, and within 1e-4 of transformers'."""
+    from paged_infer.core.scheduler import Scheduler
+    from paged_infer.entrypoints.llm import LLM
+    _, tok, hf = smollm
+    partial, preempt = [], Scheduler._preempt
+
+    def spy(self, g, out):  # how far each preempted prompt's list had come
+        partial.extend(len(s.prompt_logprobs) for s in g.seqs if s.prompt_logprobs is not None)
+        return preempt(self, g, out)
+
+    monkeypatch.setattr(Scheduler, '_preempt', spy)
+    llm = LLM(num_gpu_blocks=9, block_size=8, max_model_len=72, max_num_batched_tokens=16, enable_chunked_prefill=True)
+    a = tok('Count from one to one hundred:').input_ids
+    b = tok('The quick brown fox jumps over the lazy dog. ' * 6).input_ids[:60]
+    params = [SamplingParams(max_tokens=48, temperature=0, ignore_eos=True), SamplingParams(max_tokens=2, prompt_logprobs=0)]
+    got = llm.generate([{'prompt_token_ids': a}, {'prompt_token_ids': b}], params, use_tqdm=False)[1].prompt_logprobs
+    assert any(1 < n < len(b) for n in partial), partial
+    with torch.no_grad():
+        ref = hf(torch.tensor([b])).logits[0].float().log_softmax(-1)
+    assert len(got) == len(b) and got[0] is None
+    assert all(abs(got[j][b[j]] - ref[j - 1, b[j]].item()) < 1e-4 for j in range(1, len(b)))
