@@ -14,6 +14,7 @@ from fastapi import Request
 
 from .async_engine import RequestCutError
 from .protocol import APIError
+from .tools import ToolDeltas
 
 
 def failure(e: Exception) -> APIError:
@@ -57,17 +58,9 @@ def _usage(prompts: list, finals: dict) -> dict:
     return {'prompt_tokens': p, 'completion_tokens': c, 'total_tokens': p + c}
 
 # %% ../../nbs/16a_streaming.ipynb #5f30cc50
-class _Text:
-    "The deltas of a choice without tools: its new text."
-
-    calls = ()
-
-    def __init__(self):
-        self.text = ''
-
-    def step(self, text: str, final: bool) -> dict:
-        new, self.text = text[len(self.text) :], text
-        return {'content': new} if new else {}
+def _plain(text: str, final: bool) -> tuple:
+    "The parse of a choice without tools: all of its text is content (for ToolDeltas, chapter 16e)."
+    return text, []
 
 
 async def chat_stream(outputs, prompt: list, n: int, chunk, lp, include_usage: bool, tools=None, continuous=False):
@@ -84,7 +77,7 @@ async def chat_stream(outputs, prompt: list, n: int, chunk, lp, include_usage: b
             final = out
             for c in out.outputs:
                 if c.index not in deltas:
-                    deltas[c.index] = tools.deltas() if tools is not None else _Text()
+                    deltas[c.index] = tools.deltas() if tools is not None else ToolDeltas(_plain)
                 d = deltas[c.index]
                 delta = d.step(c.text, c.finish_reason is not None)
                 if not delta and c.finish_reason is None:
