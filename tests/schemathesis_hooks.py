@@ -4,7 +4,7 @@ Before each call of a route that takes a body:
 - a request that the schema allows is mended where it breaks a rule that JSON Schema cannot state, so that it is
   still a request the server must accept (each rule is written in the field's description, and tests/test_server.py's
   table of bad requests checks its 400): `top_logprobs` needs `logprobs`; `best_of >= n`; `min_tokens <= max_tokens`;
-  no `best_of` or beam search with `stream`; `stream_options` only with `stream`; beam
+  no `best_of`, beam search or `prompt_logprobs` with `stream`; `stream_options` only with `stream`; beam
   search needs more than one sequence and no sampling knobs; logit_bias keys are token ids below the vocabulary size;
   `response_format` or `structured_outputs`, not both, and neither with beam search; a constraint must compile (a
   random regex, grammar or JSON schema seldom does), so a generated one becomes `json_object`; a `tool` message has a
@@ -15,6 +15,7 @@ Before each call of a route that takes a body:
 - the same for /v1/responses (no `previous_response_id`: responses are not stored; `max_output_tokens` set; a generated `text.format` schema
   becomes `json_object`) and /tokenize (`prompt` or `messages`, one of the two; `tools` only with messages; messages
   mended as above).
+- /v1/embeddings: a list of inputs is held to at most 8 of them (a shorter list is still valid), so that it is quick.
 - `max_tokens`, `max_completion_tokens` and `max_output_tokens` are held to at most 8 whatever the mode, if they were
   valid, so that an accepted request is quick (a valid value stays valid: the mode of the case does not change).
 """
@@ -46,7 +47,7 @@ def _mend(b: dict, chat: bool):
     if (b.get('min_tokens') or 0) > budget:
         b['min_tokens'] = budget
     if b.get('stream'):
-        b['best_of'], b['use_beam_search'] = None, False
+        b['best_of'], b['use_beam_search'], b['prompt_logprobs'] = None, False, None
     elif b.get('stream_options') is not None:
         b['stream_options'] = None
     if b.get('use_beam_search'):
@@ -129,3 +130,5 @@ def before_call(context, case, kwargs):
         _mend_responses(case.body)
     elif case.path == '/tokenize':
         _mend_tokenize(case.body)
+    elif case.path == '/v1/embeddings' and isinstance(case.body.get('input'), list) and len(case.body['input']) > CAP:
+        case.body['input'] = case.body['input'][:CAP]

@@ -10,7 +10,8 @@
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 from paged_infer.cache.block_manager import BlockManager
 from paged_infer.model.default_model import prepare_default_model
@@ -96,6 +97,13 @@ def tiny_config(kind):
     if kind == 'qwen3':
         common['tie_word_embeddings'] = True
         return Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_parameters=dict(rope_type='default', rope_theta=1e6), **common), Qwen3ForCausalLM
+    if kind == 'mixtral':  # 4 experts, 2 a token, every layer
+        return MixtralConfig(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                             rope_parameters=dict(rope_type='default', rope_theta=1e6), **common), MixtralForCausalLM
+    if kind == 'qwen3_moe':  # 8 experts, 2 a token, unnormalized weights; layer 1 dense, as mlp_only_layers says
+        return Qwen3MoeConfig(num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
+                              num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False, mlp_only_layers=[1],
+                              rope_parameters=dict(rope_type='default', rope_theta=1e6), **common), Qwen3MoeForCausalLM
     if kind == 'qwen2':
         return Qwen2Config(num_attention_heads=4, num_key_value_heads=2, rope_parameters=dict(rope_type='default', rope_theta=1e6), **common), Qwen2ForCausalLM
     l3 = dict(rope_type='llama3', rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -103,7 +111,7 @@ def tiny_config(kind):
     return LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=16, rope_parameters=l3, **common), HFLlama
 
 
-@pytest.mark.parametrize('kind', ['qwen2', 'qwen3', 'llama3'])
+@pytest.mark.parametrize('kind', ['qwen2', 'qwen3', 'llama3', 'mixtral', 'qwen3_moe'])
 def test_random_weights_match_hf(kind, tmp_path):
     torch.manual_seed(0)
     hf_cfg, cls = tiny_config(kind)
@@ -111,12 +119,14 @@ def test_random_weights_match_hf(kind, tmp_path):
     if kind == 'qwen2':  # HF initializes biases to zero; make them matter
         for layer in hf.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj): torch.nn.init.normal_(proj.bias, std=0.5)
-    if kind == 'qwen3':  # HF initializes the head norms to ones; make them matter
+    if kind in ('qwen3', 'qwen3_moe'):  # HF initializes the head norms to ones; make them matter
         for layer in hf.model.layers:
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm): torch.nn.init.normal_(norm.weight, mean=1.0, std=0.5)
     hf.save_pretrained(tmp_path)
     cfg = ModelConfig.from_hf(hf_cfg)
-    assert cfg.qkv_bias == (kind == 'qwen2') and cfg.qk_norm == (kind == 'qwen3') and cfg.rope_scaling.get('rope_type') == ('llama3' if kind == 'llama3' else 'default')
+    if kind in ('mixtral', 'qwen3_moe'):  # experts where HF has them (chapter 7b)
+        assert cfg.moe_layers == ((0, 1, 2) if kind == 'mixtral' else (0, 2)) and cfg.norm_topk_prob == (kind == 'mixtral')
+    assert cfg.qkv_bias == (kind == 'qwen2') and cfg.qk_norm == (kind in ('qwen3', 'qwen3_moe')) and cfg.rope_scaling.get('rope_type') == ('llama3' if kind == 'llama3' else 'default')
     with torch.device('meta'): model = LlamaForCausalLM(cfg)
     load_weights(model, tmp_path, torch.float32, 'cpu')
     g = torch.Generator().manual_seed(1)
@@ -128,18 +138,19 @@ def test_random_weights_match_hf(kind, tmp_path):
         assert (logits - ref_logits).abs().max().item() < 1e-3
 
 
-@pytest.mark.parametrize('mode', ['cached', 'uncached-recompute', 'cached-swap'])
-def test_qwen3_through_the_engine_matches_hf(mode, tmp_path):
-    """A random-weight Qwen3 folder (the default model's tokenizer beside it) served by the engine: greedy answers to
-    prompts that share a prefix, with prefix caching on or off, in a pool small enough that requests are preempted
-    (by recompute or by swap), are token-identical to transformers' generate on each prompt alone."""
+@pytest.mark.parametrize('kind,mode', [('qwen3', 'cached'), ('qwen3', 'uncached-recompute'), ('qwen3', 'cached-swap'),
+                                       ('mixtral', 'cached-swap'), ('qwen3_moe', 'uncached-recompute')])
+def test_through_the_engine_matches_hf(kind, mode, tmp_path):
+    """A random-weight Qwen3, Mixtral or Qwen3-MoE folder (the default model's tokenizer beside it) served by the
+    engine: greedy answers to prompts that share a prefix, with prefix caching on or off, in a pool small enough that
+    requests are preempted (by recompute or by swap), are token-identical to transformers' generate on each prompt alone."""
     import shutil
     from paged_infer.entrypoints.llm import LLM
     torch.manual_seed(0)
-    hf_cfg, cls = tiny_config('qwen3')
+    hf_cfg, cls = tiny_config(kind)
     hf_cfg.vocab_size = 49152  # the default tokenizer's
     hf = cls(hf_cfg).eval()
-    for layer in hf.model.layers:
+    for layer in hf.model.layers if kind != 'mixtral' else []:
         for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm): torch.nn.init.normal_(norm.weight, mean=1.0, std=0.5)
     hf.save_pretrained(tmp_path)
     for f in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'):

@@ -800,3 +800,50 @@ def test_echo_with_logprobs_scores_the_prompt(client, offline):
             streamed['tokens'] += ch.choices[0].logprobs.tokens
             streamed['token_logprobs'] += ch.choices[0].logprobs.token_logprobs
     assert streamed == {'tokens': lp.tokens, 'token_logprobs': lp.token_logprobs}
+
+
+@pytest.fixture(scope='module')
+def hf_scores():
+    "Each prompt token's log-softmax row from transformers in float32 (the oracle): text -> (ids, (n - 1, vocab))."
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from paged_infer.model.weights import resolve_model
+    folder = resolve_model()
+    tok, hf = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+    def score(text):
+        ids = tok(text).input_ids
+        with torch.no_grad():
+            return ids, hf(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+    return score
+
+
+def _check_vllm_prompt_logprobs(plp, ids, ref, k):
+    "vLLM's prompt_logprobs against transformers': each prompt token's logprob and rank, and the top k at its place."
+    import torch
+    assert plp[0] is None and len(plp) == len(ids)
+    for i, (entry, t) in enumerate(zip(plp[1:], ids[1:])):
+        row = ref[i]
+        assert entry[str(t)]['logprob'] == pytest.approx(row[t].item(), abs=1e-4) and len(entry) in (k, k + 1)
+        for u, e in entry.items():  # each entry's rank: 1 + how many tokens are likelier (within the tolerance)
+            lo, hi = [int((row > row[int(u)] + d).sum()) + 1 for d in (1e-4, -1e-4)]
+            assert lo <= e['rank'] <= hi and e['decoded_token'] is not None, (i, u, e, lo, hi)
+        best = sorted((e['logprob'] for e in entry.values()), reverse=True)[:k]
+        assert best == pytest.approx(torch.topk(row, k).values.tolist(), abs=1e-4)
+
+
+def test_vllm_prompt_logprobs_field(client, hf_scores):
+    """vLLM's `prompt_logprobs` request field, on completions (per choice) and chat (on the response): for each prompt
+    token after the first, its logprob and rank and the top k, all as transformers computes them; refused with stream."""
+    text = 'The capital of France is Paris. The capital of Italy is'
+    r = client.completions.create(model=NAME, prompt=text, max_tokens=2, temperature=0,
+                                  extra_body={'prompt_logprobs': 3})
+    ids, ref = hf_scores(text)
+    _check_vllm_prompt_logprobs(r.choices[0].model_extra['prompt_logprobs'], ids, ref, 3)
+    chat = client.chat.completions.create(model=NAME, messages=Q, max_tokens=2, temperature=0,
+                                          extra_body={'prompt_logprobs': 0})
+    plp = chat.model_extra['prompt_logprobs']
+    assert plp[0] is None and len(plp) == chat.usage.prompt_tokens and all(len(e) == 1 for e in plp[1:])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt=text, max_tokens=2, stream=True, extra_body={'prompt_logprobs': 1})
+    assert e.value.body['param'] == 'prompt_logprobs'

@@ -55,7 +55,8 @@ class LLMEngine(Postprocessor, BeamSearch):
         if peers:
             peers.send('init_runner', (n_blocks, c.block_size, n_cpu))
             self.runner.peers = peers
-        if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
+        # (a mixture of experts runs eager: chapter 7b's grouped experts size their GEMMs on the host)
+        if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers and not mc.num_experts:
             self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)  # chapter 11a
         self.grammars = Grammars(self.tokenizer, mc.vocab_size)  # structured outputs (chapter 13c)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
@@ -140,6 +141,8 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
     self.grammars.check(params)
     if params.prompt_logprobs is not None and self.config.tensor_parallel_size > 1:  # its LM head is a collective
         raise RequestError('prompt_logprobs is not supported with tensor parallelism', 'prompt_logprobs')
+    if params.pooling is not None:  # an embedding: its sampled token is never stored, so the prompt may fill all
+        return self._check_embedding(ids, text, params)
     if (k := params.num_seqs_to_sample) > self.config.max_num_seqs:  # its sequences run side by side, or not at all
         name = 'best_of' if params.best_of is not None else 'n'
         raise RequestError(f'{name} ({k}) exceeds max_num_seqs ({self.config.max_num_seqs})', name)
@@ -154,6 +157,21 @@ def check_request(self: LLMEngine, prompt, params: SamplingParams | None = None)
     if params.max_tokens is None:
         params = dataclasses.replace(params, max_tokens=room)
     self.scheduler.check_fits(len(ids), params)  # one that might never fit the pool, even alone (chapter 12)
+    return ids, text, params
+
+
+@patch
+def _check_embedding(self: LLMEngine, ids: list, text: str | None, params: SamplingParams) -> tuple:
+    "check_request's end for an embedding request (chapter 16g): not with tensor parallelism, the prompt fits."
+    if self.config.tensor_parallel_size > 1:
+        raise RequestError('embeddings are not supported with tensor parallelism', 'input')
+    if len(ids) > self.max_model_len:
+        raise RequestError(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+            f'{len(ids)} tokens in the input for embedding generation. Please reduce the length of the input.',
+            'input',
+        )
+    self.scheduler.check_fits(len(ids), params)
     return ids, text, params
 
 # %% ../../nbs/13_engine.ipynb #20feb89f

@@ -247,6 +247,8 @@ def _output(self: Postprocessor, g: SequenceGroup) -> RequestOutput:
         g.first_token_time,
         g.finished_time,
         prompt_logprobs=next((s.prompt_logprobs for s in g.seqs), None),
+        prompt_ranks=next((s.prompt_ranks for s in g.seqs), None),
+        embedding=_embedding(g),
     )
 
 
@@ -280,3 +282,9 @@ def _cache_blocks(self: Postprocessor, seqs: list):
         c = min(s.num_computed_tokens, known)
         if (t := tables.get(s.seq_id)) is not None and c // B > len(t.hashes):
             bm.cache_blocks(s.seq_id, s.token_ids(0, known), c)
+
+
+def _embedding(g) -> list | None:
+    "An embedding request's vector as floats, once it is finished (the step that made it has been waited for)."
+    e = g.seqs[0].embedding
+    return e.tolist() if e is not None and g.is_finished else None

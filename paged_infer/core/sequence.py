@@ -59,6 +59,8 @@ class Sequence:
     num_pending_tokens: int = 0  # sampled by a step still running on the device (async scheduling, chapter 13)
     grammar: object = None  # structured outputs: where the output stands in its grammar (chapter 13c)
     prompt_logprobs: list | None = None  # per prompt token so far: {token id: logprob}, None for the first
+    prompt_ranks: list | None = None  # with prompt_logprobs: each prompt token's rank at its place (1: likeliest)
+    embedding: object = None  # an embedding request's vector (a float32 tensor), once its last prompt token ran
 
     def __post_init__(self):
         if not self.prompt_token_ids:
@@ -66,6 +68,7 @@ class Sequence:
         self.prompt_token_ids = list(self.prompt_token_ids)
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]  # the first token has nothing before it
+            self.prompt_ranks = [None]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -141,6 +144,7 @@ def fork(self: Sequence) -> Sequence:
         output_logprobs=list(self.output_logprobs),
         output_top_logprobs=list(self.output_top_logprobs),
         prompt_logprobs=self.prompt_logprobs,  # complete before any fork: shared, never appended to again
+        prompt_ranks=self.prompt_ranks,
         cumulative_logprob=self.cumulative_logprob,
         num_computed_tokens=self.num_computed_tokens,
         status=self.status,

@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 
 from ..core.config import EngineConfig
 from ..core.engine import LLMEngine
-from ..core.sampling_params import RequestOutputKind, SamplingParams
+from ..core.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from ..core.sampling_params import PoolingParams, RequestOutputKind, SamplingParams
 
 # %% ../../nbs/13b_llm.ipynb #05142dc0
 class RequestFailedError(RuntimeError):
@@ -74,6 +75,14 @@ def chat(self: LLM, messages, sampling_params=None, use_tqdm: bool = True, add_g
                                       return_dict=False, chat_template=chat_template)
         prompts.append({'prompt_token_ids': ids})
     return self.generate(prompts, sampling_params, use_tqdm)
+
+# %% ../../nbs/13b_llm.ipynb #af72b48e
+@patch
+def embed(self: LLM, prompts, pooling_params: PoolingParams | None = None, use_tqdm: bool = True) -> list:
+    "An EmbeddingRequestOutput for each prompt (as `generate` takes them), in prompt order: `.outputs.embedding`."
+    params = (pooling_params or PoolingParams()).sampling_params()
+    outs = self.generate(prompts, params, use_tqdm)
+    return [EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding)) for o in outs]
 
 # %% ../../nbs/13b_llm.ipynb #3a3977ea
 @patch

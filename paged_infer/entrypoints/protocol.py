@@ -131,6 +131,7 @@ class _SamplingFields(_Strict):
     logit_bias: LogitBias | None = None
     ignore_eos: Bool | None = False
     min_tokens: integer(ge=0, description='<= max_tokens') | None = 0
+    prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS, description="vLLM's; not with stream") | None = None
     user: Str | None = None
     store: Annotated[Bool, Field(description='accepted; nothing is stored')] | None = None
     metadata: Annotated[dict[str, Str], Field(description='accepted; changes nothing')] | None = None
@@ -244,6 +245,7 @@ class ChatChoice(_Choice):
 
 class CompletionChoice(_Choice):
     text: str
+    prompt_logprobs: list | None = None  # vLLM's: None for the first token, then {id: {logprob, rank, decoded_token}}
 
 # %% ../../nbs/16_protocol.ipynb #6fd5530c
 class _Response(BaseModel):
@@ -259,6 +261,7 @@ class _Response(BaseModel):
 class ChatCompletionResponse(_Response):
     object: Literal['chat.completion'] = 'chat.completion'
     choices: list[ChatChoice]
+    prompt_logprobs: list | None = None  # vLLM's, as in CompletionChoice
 
 
 class CompletionResponse(_Response):
@@ -314,6 +317,10 @@ def sampling_params(
         kw['logprobs'] = req.logprobs
         if req.echo and req.logprobs is not None:  # the echoed prompt's tokens get logprobs too
             kw['prompt_logprobs'] = req.logprobs
+    if req.prompt_logprobs is not None:  # vLLM's field: the prompt's logprobs in vLLM's shape (chapter 16a)
+        if req.stream:
+            raise APIError(400, 'prompt_logprobs is not available when stream is true', 'prompt_logprobs')
+        kw['prompt_logprobs'] = max(kw.get('prompt_logprobs') or 0, req.prompt_logprobs)
     if kw['use_beam_search'] and 'temperature' not in kw:
         kw['temperature'] = 0.0
     if req.stream and (req.best_of not in (None, req.n) or req.use_beam_search):

@@ -44,10 +44,12 @@ from paged_infer.entrypoints.streaming import (
     completion_logprobs,
     completion_stream,
     echo_logprobs,
+    vllm_prompt_logprobs,
     failure,
     join_logprobs,
     merge,
 )
+from .embeddings import add_embedding_route, embedding_limits
 from .endpoints import add_routes
 from .tools import TOOL_PARSERS, ToolPlan
 
@@ -161,6 +163,7 @@ async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None =
     for c in final.outputs:
         message, reason = tools.message(c.text, c.finish_reason)
         choices.append({'index': c.index, 'message': message, 'logprobs': lp(c, 0), 'finish_reason': reason})
+    k = req.prompt_logprobs
     return {
         'id': rid,
         'object': 'chat.completion',
@@ -169,6 +172,7 @@ async def _chat(r: _Route, req: ChatCompletionRequest, request: Request | None =
         'choices': choices,
         'usage': _usage([prompt], {0: final}),
         'system_fingerprint': None,
+        'prompt_logprobs': vllm_prompt_logprobs(r.tok, final, k) if k is not None else None,
     }
 
 # %% ../../nbs/16_server.ipynb #d2f4ffdf
@@ -196,12 +200,15 @@ async def _completions(r: _Route, req: CompletionRequest, request: Request | Non
         events = completion_stream(outputs, prompts, n, echo, chunk, lp, include_usage, continuous, echo_lp)
         return StreamingResponse(events, media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
     finals = await collect(r.outputs(prompts, params, rid), request)
+    k = req.prompt_logprobs  # vLLM's field
+    plp = lambda out: vllm_prompt_logprobs(r.tok, out, k) if k is not None else None
     choices = [
         {
             'index': i * n + c.index,
             'text': echo[i] + c.text,
             'logprobs': join_logprobs(echo_lp(finals[i]), lp(c, 0, len(echo[i]))),
             'finish_reason': c.finish_reason,
+            'prompt_logprobs': plp(finals[i]),
         }
         for i in sorted(finals)
         for c in finals[i].outputs
@@ -300,6 +307,7 @@ def _openapi(app: FastAPI, name: str, engine, api_key: str | None):
             for key in ('HTTPValidationError', 'ValidationError'):
                 schema.get('components', {}).get('schemas', {}).pop(key, None)
             _limits(schema, name, engine, api_key)
+            embedding_limits(schema, name, engine)  # chapter 16g
         return app.openapi_schema
 
     return openapi
@@ -342,6 +350,7 @@ def build_app(
         return await _completions(r, req, request)
 
     add_routes(app, r, err_doc)  # chapter 16f: /tokenize, /detokenize, /v1/responses
+    add_embedding_route(app, r, err_doc)  # chapter 16g
     _add_info_routes(app, async_engine, served_model_name, created)
     app.openapi = _openapi(app, served_model_name, async_engine.engine, api_key)
     app.add_middleware(DrainGuard, drain=app.state.drain)  # chapter 16c: counts requests, refuses new ones if draining

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['failure', 'chat_stream', 'completion_stream', 'chat_logprobs', 'completion_logprobs', 'echo_logprobs',
-           'join_logprobs', 'merge', 'collect']
+           'vllm_prompt_logprobs', 'join_logprobs', 'merge', 'collect']
 
 # %% ../../nbs/16a_streaming.ipynb #7306a2df
 import asyncio
@@ -168,6 +168,22 @@ def echo_logprobs(tokenizer, prompt_ids: list, prompt_logprobs: list, top_n: int
     rest = completion_logprobs(tokenizer, prompt_ids[1:], prompt_logprobs[1:], top_n, len(first))
     return {'tokens': [first] + rest['tokens'], 'token_logprobs': [None] + rest['token_logprobs'],
             'top_logprobs': [None] + rest['top_logprobs'], 'text_offset': [0] + rest['text_offset']}
+
+
+def _logprob(tokenizer, token: int, logprob: float, rank: int) -> dict:
+    return {'logprob': _lp(logprob), 'rank': rank, 'decoded_token': tokenizer.decode([token])}
+
+
+def vllm_prompt_logprobs(tokenizer, out, k: int) -> list:
+    """vLLM's `prompt_logprobs` field of a request's output: None for the first prompt token, then for each token
+    {id: {logprob, rank, decoded_token}} of itself and of the `k` likeliest there (so k or k + 1 entries)."""
+    result = [None]
+    for t, d, rank in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:], out.prompt_ranks[1:]):
+        entry = {str(t): _logprob(tokenizer, t, d[t], rank)}
+        for u, v in sorted(d.items(), key=lambda kv: -kv[1])[:k]:  # those likelier than v are all in d: the top
+            entry.setdefault(str(u), _logprob(tokenizer, u, v, 1 + sum(w > v for w in d.values())))
+        result.append(entry)
+    return result
 
 
 def join_logprobs(a: dict | None, b: dict | None) -> dict | None:

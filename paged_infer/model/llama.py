@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import nn
 
+from .moe import SparseMoE
 from ..ops.attention import AttentionMetadata, paged_attention_ref, store_kv
 
 # %% ../../nbs/07_model.ipynb #ce585b0a
@@ -25,7 +26,7 @@ class UnsupportedModelError(ValueError):
     "The checkpoint's architecture or one of its settings is not supported by this model."
 
 
-SUPPORTED_ARCHITECTURES = ('llama', 'qwen2', 'qwen3', 'mistral')
+SUPPORTED_ARCHITECTURES = ('llama', 'qwen2', 'qwen3', 'mistral', 'mixtral', 'qwen3_moe')
 
 
 @dataclass
@@ -49,6 +50,11 @@ class ModelConfig:
     o_bias: bool = False  # Llama's attention_bias also puts one on o_proj
     mlp_bias: bool = False
     sliding_window: int | None = None  # Mistral v0.1; full attention up to it
+    num_experts: int = 0  # mixture of experts (chapter 7b): experts of each MoE layer; 0: dense MLPs only
+    num_experts_per_tok: int = 0  # k: the experts each token goes through
+    moe_intermediate_size: int = 0  # each expert's intermediate size
+    norm_topk_prob: bool = True  # rescale a token's k routing weights to sum to 1
+    moe_layers: tuple = ()  # the layers whose MLP is a SparseMoE
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -65,14 +71,14 @@ class ModelConfig:
 # %% ../../nbs/07_model.ipynb #498165c2
 @patch(cls_method=True)
 def from_hf(cls: ModelConfig, hf) -> ModelConfig:
-    "Read a transformers config (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig)."
+    "Read a transformers config (Llama, Qwen2, Qwen3, Mistral; Mixtral and Qwen3-MoE with experts)."
     if hf.model_type not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(f'model_type {hf.model_type!r}: supported are {SUPPORTED_ARCHITECTURES}')
     if getattr(hf, 'hidden_act', 'silu') != 'silu':
         raise UnsupportedModelError(f'hidden_act {hf.hidden_act!r}')
     rope = dict(getattr(hf, 'rope_parameters', None) or {})
     qwen = hf.model_type == 'qwen2'
-    windowed = hf.model_type not in ('qwen2', 'qwen3') or getattr(hf, 'use_sliding_window', False)
+    windowed = hf.model_type not in ('qwen2', 'qwen3', 'qwen3_moe') or getattr(hf, 'use_sliding_window', False)
     window = getattr(hf, 'sliding_window', None) if windowed else None
     return cls(
         vocab_size=hf.vocab_size,
@@ -90,9 +96,25 @@ def from_hf(cls: ModelConfig, hf) -> ModelConfig:
         qkv_bias=qwen or bool(getattr(hf, 'attention_bias', False)),
         o_bias=(not qwen) and bool(getattr(hf, 'attention_bias', False)),
         mlp_bias=bool(getattr(hf, 'mlp_bias', False)),
-        qk_norm=hf.model_type == 'qwen3',
+        qk_norm=hf.model_type in ('qwen3', 'qwen3_moe'),
         sliding_window=window,
+        **_experts(hf),
     )
+
+
+def _experts(hf) -> dict:
+    "The mixture-of-experts fields of a Mixtral or Qwen3-MoE config (chapter 7b); none for a dense model."
+    if hf.model_type not in ('mixtral', 'qwen3_moe'):
+        return {}
+    num_experts = getattr(hf, 'num_local_experts', None) or hf.num_experts
+    fields = dict(num_experts=num_experts, num_experts_per_tok=hf.num_experts_per_tok)
+    if hf.model_type == 'mixtral':  # every layer, the MLP's size, always renormalized
+        every = tuple(range(hf.num_hidden_layers))
+        return fields | dict(moe_intermediate_size=hf.intermediate_size, moe_layers=every)
+    step, dense = getattr(hf, 'decoder_sparse_step', 1), set(getattr(hf, 'mlp_only_layers', None) or [])
+    layers = tuple(i for i in range(hf.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+    renorm = bool(hf.norm_topk_prob)
+    return fields | dict(moe_intermediate_size=hf.moe_intermediate_size, norm_topk_prob=renorm, moe_layers=layers)
 
 # %% ../../nbs/07_model.ipynb #12accecf
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
@@ -165,6 +187,7 @@ class LayerOps:
     add_rms_norm: Callable = add_rms_norm_torch  # (x, weight, eps, residual=None) -> out, or (out, x + residual)
     rotary: Callable = rotary_torch  # (q, k, cos, sin) -> (q, k)
     silu_and_mul: Callable = silu_and_mul_torch  # (tokens, 2 * features) -> (tokens, features)
+    fused_moe: Callable | None = None  # (x, w13, w2, weights, ids) -> (tokens, hidden); None: chapter 7b's torch
 
 # %% ../../nbs/07_model.ipynb #64f20f47
 class MLP(nn.Module):
@@ -215,9 +238,14 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     "Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x))."
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, index: int = 0):
         super().__init__()
-        self.self_attn, self.mlp = Attention(c), MLP(c)
+        self.self_attn = Attention(c)
+        if index in c.moe_layers:  # chapter 7b
+            k, renorm = c.num_experts_per_tok, c.norm_topk_prob
+            self.mlp = SparseMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, k, renorm)
+        else:
+            self.mlp = MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -239,7 +267,7 @@ class LlamaModel(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
@@ -309,8 +337,9 @@ def fuse_layer_projections(layer: DecoderLayer) -> DecoderLayer:
     a, m = layer.self_attn, layer.mlp
     a.qkv_proj = _stack([a.q_proj, a.k_proj, a.v_proj])
     del a.q_proj, a.k_proj, a.v_proj
-    m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
-    del m.gate_proj, m.up_proj
+    if isinstance(m, MLP):  # (a SparseMoE's experts are stacked already)
+        m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
+        del m.gate_proj, m.up_proj
     return layer
 
 

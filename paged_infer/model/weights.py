@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from .moe import expert_slot, module_name
 from paged_infer.model.default_model import (
     DEFAULT_MODEL,
     DefaultModelNotInstalled,
@@ -226,6 +227,24 @@ def _tied(folder: str | Path) -> bool:
     cfg = Path(folder) / 'config.json'
     return cfg.is_file() and bool(json.loads(cfg.read_text()).get('tie_word_embeddings', False))
 
+
+def _store_expert(module: nn.Module, params: dict, slot: tuple, tensor: torch.Tensor, dtype, device):
+    "Copy one expert's projection into its slice of a stacked parameter (chapter 7b), allocated at the first."
+    name, e, part = slot
+    if name not in params:
+        raise WeightLoadError(f'unexpected expert tensor for {name}: the module has no such parameter')
+    p = params[name]
+    if p.is_meta or p.device != device or p.dtype != dtype:
+        p = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
+        prefix, _, attr = name.rpartition('.')
+        setattr(module.get_submodule(prefix), attr, p)
+        params[name] = p
+    dst = p[e] if part is None else p[e].chunk(2)[part]
+    if dst.shape != tensor.shape:
+        shapes = f'checkpoint {tuple(tensor.shape)}, module {tuple(dst.shape)}'
+        raise WeightLoadError(f'shape mismatch for expert {e} of {name}: {shapes}')
+    dst.copy_(tensor)
+
 # %% ../../nbs/08_weights.ipynb #a42f54c5
 def _aliases(params: dict) -> dict:
     "Parameter name -> every name of the same Parameter (tied embeddings: two names, one tensor)."
@@ -265,12 +284,19 @@ def load_weights(
     params = dict(module.named_parameters(remove_duplicate=False))  # tied: two names, one Parameter
     aliases = _aliases(params)  # name -> every name of its Parameter
     loaded = {}  # name -> the checkpoint tensor name that filled it
+    filled = {}  # stacked experts' parameter -> how many expert projections were stored in it
     with torch.no_grad():
         for name, tensor in iter_safetensors(folder):
             if IGNORED.search(name):
                 continue
             if shard is not None:
                 tensor = shard(name, tensor)
+            name = module_name(name)
+            if (slot := expert_slot(name)) is not None:  # one expert's projection: a slice of a stacked tensor (7b)
+                _store_expert(module, params, slot, tensor, dtype, device)
+                filled[slot[0]] = filled.get(slot[0], 0) + 1
+                loaded[slot[0]] = name
+                continue
             _check_tensor(name, tensor, params, loaded, folder, dtype, device)
             _store(module, params, aliases[name], tensor, dtype, device)
             loaded.update(dict.fromkeys(aliases[name], name))
@@ -278,6 +304,10 @@ def load_weights(
         if 'lm_head.weight' in missing and 'model.embed_tokens.weight' in loaded and _tied(folder):
             _store(module, params, aliases['lm_head.weight'], params['model.embed_tokens.weight'], dtype, device)
             missing = [n for n in missing if n not in aliases['lm_head.weight']]
+    for n, count in filled.items():  # a stacked tensor is whole once every expert's parts are in
+        want = params[n].shape[0] * (2 if n.endswith('w13') else 1)
+        if count != want:
+            raise WeightLoadError(f'{n}: the checkpoint holds {count} of its {want} expert projections')
     if missing:
         raise WeightLoadError(f'{len(missing)} parameters not in the checkpoint {folder}: {", ".join(missing[:5])}')
     return module

@@ -61,6 +61,8 @@ class HostBatch:
     pending: list = field(default_factory=list)
     # (sequence, first row, rows, first token): prompt tokens whose logprobs are wanted (never sent to other ranks)
     prompt_rows: list = field(default_factory=list)
+    # (sequence, row): embedding requests' last prompt rows, whose hidden state they keep (never sent to other ranks)
+    pool_rows: list = field(default_factory=list)
 
 
 @dataclass
@@ -116,7 +118,7 @@ def host_batch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables
     # several-token sequences first (in their order), then the decodes; at batch 256 this loop is per-step host
     # time that a small model's GPU step does not hide (chapter 13): plain appends, counts read once
     order = [i for i, n in enumerate(num_new_tokens) if n != 1] + [i for i, n in enumerate(num_new_tokens) if n == 1]
-    ids, pos, ctx, qlen, tables, rows, sampled, pending, prompt_rows = [], [], [], [], [], [], [], [], []
+    ids, pos, ctx, qlen, tables, rows, sampled, pending, prompt_rows, pool_rows = [], [], [], [], [], [], [], [], [], []
     for i in order:
         s, n = seqs[i], num_new_tokens[i]
         start, total = s.num_computed_tokens, s.num_tokens
@@ -141,14 +143,18 @@ def host_batch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables
         qlen.append(n)
         tables.append(block_tables[i])
         if start + n == total:  # its last uncomputed token: sample (k times for a request's first samples)
-            k = num_samples(s) if total == s.num_prompt_tokens else 1
+            k = 1
+            if total == s.num_prompt_tokens:  # its first sample
+                k = num_samples(s)
+                if s.params.pooling is not None:  # an embedding request: this row's hidden state is its answer
+                    pool_rows.append((s, len(ids) - 1))
             if k == 1:
                 rows.append(len(ids) - 1)
                 sampled.append(s)
             else:
                 rows += [len(ids) - 1] * k
                 sampled += [s] * k
-    return HostBatch(ids, pos, ctx, qlen, tables, rows, pending, prompt_rows), sampled
+    return HostBatch(ids, pos, ctx, qlen, tables, rows, pending, prompt_rows, pool_rows), sampled
 
 
 # %% ../../nbs/11_model_runner.ipynb #13e037a4
@@ -184,20 +190,24 @@ def run_batch(self: ModelRunner, b: HostBatch, sampled: list | None = None, prev
     hidden = self.model(step.input_ids, step.positions, self.kv_layers, step.meta)  # (num_tokens, hidden)
     if b.prompt_rows:
         prompt_logprobs(self.model, hidden, b.prompt_rows)
+    for s, row in b.pool_rows:  # embeddings (chapter 16g): the final hidden state, in float32
+        v = hidden[row].float()
+        s.embedding = torch.nn.functional.normalize(v, dim=0) if s.params.pooling.normalize else v.clone()
     return self.model.compute_logits(hidden[step.logits_indices]) if b.logits_indices else None
 
 
 # %% ../../nbs/11_model_runner.ipynb #1b14c88b
 @torch.inference_mode()
 def prompt_logprobs(model: LlamaForCausalLM, hidden: torch.Tensor, prompt_rows: list, rows_at_once: int = 256):
-    "Append each listed prompt token's logprob, and the top k at its place, to its sequence's `prompt_logprobs`."
+    "Append each listed prompt token's logprob and the top k at its place (and its rank) to its sequence's lists."
     for s, row, count, first in prompt_rows:
         k = s.params.prompt_logprobs
         for a in range(0, count, rows_at_once):
             m = min(rows_at_once, count - a)
             lp = torch.log_softmax(model.compute_logits(hidden[row + a : row + a + m]), -1)  # float32
             targets = s.token_ids(first + a, first + a + m)
-            chosen = lp.gather(1, torch.tensor(targets, device=lp.device)[:, None])[:, 0].tolist()
+            picked = lp.gather(1, torch.tensor(targets, device=lp.device)[:, None])  # (m, 1)
+            chosen, ranks = picked[:, 0].tolist(), (lp > picked).sum(-1).add_(1).tolist()
             top_lps, top_ids = lp.topk(k, -1) if k else (None, None)
             for j, (t, c) in enumerate(zip(targets, chosen)):
                 d = {t: c}  # the prompt's own token first, then the top k (as the output logprobs are kept)
@@ -205,6 +215,7 @@ def prompt_logprobs(model: LlamaForCausalLM, hidden: torch.Tensor, prompt_rows: 
                     for other, v in zip(top_ids[j].tolist(), top_lps[j].tolist()):
                         d.setdefault(other, v)
                 s.prompt_logprobs.append(d)
+                s.prompt_ranks.append(ranks[j])
 
 # %% ../../nbs/11_model_runner.ipynb #ce6aaaa3
 class StepFuture:
@@ -249,7 +260,7 @@ def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: li
     batch = self.sampling_batch(sampled) if sampled else None  # first: its copy to the GPU then waits for nothing
     if num_steps is not None:
         return sampled, self._launch_steps(host, sampled, batch, num_steps, prev)
-    if self.graphs is not None and self.graphs.fits(host.query_lens) and not host.prompt_rows:
+    if self.graphs is not None and self.graphs.fits(host.query_lens) and not (host.prompt_rows or host.pool_rows):
         logits = self._decode_with_graph(host, prev)
     else:
         logits = self.run_batch(host, sampled, prev)
@@ -318,7 +329,7 @@ def _launch_steps(self: ModelRunner, host: HostBatch, sampled: list, batch: Samp
         raise ValueError('multi-step runs decodes alone, one sample each, one step count per sequence')
     if self.peers is not None:
         raise ValueError('multi-step needs every rank to feed its own tokens: not with tensor parallelism')
-    graphs = self.graphs is not None and self.graphs.fits(host.query_lens)
+    graphs = self.graphs is not None and self.graphs.fits(host.query_lens) and not host.pool_rows
     outs = []
     for j in range(max(num_steps)):
         if j == 0:

@@ -41,6 +41,8 @@ def make_shard(c: ModelConfig, rank: int, size: int) -> Shard:
         raise ValueError(f'rank {rank} of {size}')
     if c.num_heads % size:
         raise UnsupportedModelError(f'{c.num_heads} attention heads do not divide among {size} ranks')
+    if c.num_experts:
+        raise UnsupportedModelError('tensor parallelism over a mixture of experts is not supported')
     if c.intermediate_size % size:
         raise UnsupportedModelError(f'intermediate size {c.intermediate_size} does not divide among {size} ranks')
     if c.num_kv_heads % size and size % c.num_kv_heads:
