@@ -1,8 +1,9 @@
 """Greedy parity on the GPU: the engine through the Triton kernels, eager and with CUDA graphs, against Hugging Face.
 
-    python tests/gpu/gpu_parity.py [--shapes qwen3-0.6b,qwen2.5-0.5b,llama-3.1-8b] [--assets DIR] [--out DIR]   # writes DIR/gpu_parity.json
+    python tests/gpu/gpu_parity.py [--shapes qwen3-0.6b,qwen2.5-0.5b,llama-3.1-8b,qwen3-30b-a3b-4l,mixtral-8x7b-2l] [--assets DIR] [--out DIR]   # writes DIR/gpu_parity.json
 
-Random-weight models of named shapes (Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.1-8B), built here because no weights can be
+Random-weight models of named shapes (Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.1-8B; a few layers of Qwen3-30B-A3B and
+Mixtral-8x7B, whose experts run eager: no CUDA graphs for a mixture of experts), built here because no weights can be
 downloaded on the GPU machine, with the SmolLM2 tokenizer carried along (only token ids matter). For each shape,
 each engine setting (plain; a pool small enough to preempt, by recompute and by swap; a shared prefix with cache hits;
 a token budget that forces chunked prefill) and each mode (eager, CUDA graphs), 8 prompts of 24 to 300 random tokens
@@ -20,7 +21,7 @@ import argparse, json, shutil, tempfile, time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from paged_infer.core.engine import LLMEngine
 from paged_infer.model.default_model import prepare_default_model
@@ -37,6 +38,14 @@ SHAPES = {
                                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
                                         rope_parameters=dict(rope_type='llama3', rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                                              high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    # mixtures of experts (chapter 7b), fewer layers than the real models: Qwen3-30B-A3B's and Mixtral-8x7B's layers
+    'qwen3-30b-a3b-4l': lambda: Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=4,
+                                             num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                                             num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                                             max_position_embeddings=40960, rope_parameters=dict(rope_type='default', rope_theta=1e6)),
+    'mixtral-8x7b-2l': lambda: MixtralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                                            num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                                            max_position_embeddings=32768, rope_parameters=dict(rope_type='default', rope_theta=1e6)),
 }
 SETTINGS = {'plain': {}, 'preempt-recompute': dict(num_gpu_blocks=40, num_cpu_blocks=0),
             'preempt-swap': dict(num_gpu_blocks=40, num_cpu_blocks=256, preemption_mode='swap'),
@@ -56,6 +65,7 @@ def main():
     ap.add_argument('--assets', default=None, help='a folder with the tokenizer (and config.json) to use (default: the default model\'s, converted under ~/.cache/paged-infer on first use)')
     ap.add_argument('--out', default='.', help='results folder (default: the current directory)')
     ap.add_argument('--shapes', default=','.join(SHAPES))
+    ap.add_argument('--name', default='gpu_parity', help='the results file: OUT/NAME.json')
     a = ap.parse_args()
     a.assets = a.assets or str(prepare_default_model())
     Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -121,7 +131,7 @@ def main():
                 print(json.dumps({k: v for k, v in row.items() if k != 'first_divergences'}), flush=True)
                 rows.append(row)
                 del eng; torch.cuda.empty_cache()
-                Path(a.out, 'gpu_parity.json').write_text(json.dumps(rows, indent=1))
+                Path(a.out, f'{a.name}.json').write_text(json.dumps(rows, indent=1))
         del hf, ref; torch.cuda.empty_cache(); shutil.rmtree(folder.parent)
 
 
