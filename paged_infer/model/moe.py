@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['route', 'moe_grouped', 'SparseMoE', 'module_name', 'expert_slot']
 
-# %% ../../nbs/07b_moe.ipynb #845437d5
+# %% ../../nbs/07b_moe.ipynb #8134b6f6
 import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# %% ../../nbs/07b_moe.ipynb #382422c7
+# %% ../../nbs/07b_moe.ipynb #dbf0dc8b
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple:
     """Each token's `top_k` experts and their weights, from the router's logits (tokens, experts): softmax in float32,
     the k largest, rescaled to sum to 1 if `renormalize` (Mixtral always; Qwen3-MoE by its `norm_topk_prob`)."""
@@ -22,7 +22,7 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
 
-# %% ../../nbs/07b_moe.ipynb #f413d8a7
+# %% ../../nbs/07b_moe.ipynb #13d3786b
 def moe_grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
     """The experts' weighted sum for each token, one GEMM per expert over the rows routed to it (the CPU path, and the
     reference of the fused kernel). x (T, H); w13 (E, 2I, H): gate and up stacked; w2 (E, H, I); weights, ids (T, k)."""
@@ -42,7 +42,7 @@ def moe_grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     pairs[order] = out  # back in (token, slot) order
     return (pairs.view(T, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
 
-# %% ../../nbs/07b_moe.ipynb #d8e0ade5
+# %% ../../nbs/07b_moe.ipynb #679fc1ca
 class SparseMoE(nn.Module):
     """A mixture-of-experts block in place of the MLP: a router (`gate`) picks each token's top-k experts, each a SwiGLU
     MLP, and their outputs are summed with the router's weights. The experts' weights are stacked: `w13` (E, 2I, H)
@@ -60,7 +60,7 @@ class SparseMoE(nn.Module):
         experts = getattr(ops, 'fused_moe', None) or moe_grouped  # a Triton kernel on the GPU (chapter 15f)
         return experts(x, self.w13, self.w2, weights, ids)
 
-# %% ../../nbs/07b_moe.ipynb #e0a760ba
+# %% ../../nbs/07b_moe.ipynb #e4f43fa8
 _EXPERT = re.compile(r'^(.*)\.experts\.(\d+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)\.weight$')
 _PART = {'w1': 0, 'gate_proj': 0, 'w3': 1, 'up_proj': 1, 'w2': None, 'down_proj': None}
 
