@@ -614,3 +614,19 @@ def test_max_model_len_fits_the_pool():
     assert LLMEngine(num_gpu_blocks=8, max_model_len=100).max_model_len == 100
     with pytest.raises(EngineConfigError, match='max_model_len 256 does not fit the KV cache'):
         LLMEngine(num_gpu_blocks=8, max_model_len=256)
+
+
+def test_an_embedding_prompt_may_fill_the_context():
+    """An embedding request's sampled token is never stored, so its prompt may be max_model_len tokens long (as vLLM's
+    may): it is embedded as transformers embeds it, the pool is all free after; one token more is a RequestError."""
+    llm = LLM(num_gpu_blocks=16, max_model_len=64)
+    ids = list(range(100, 164))
+    vec = torch.tensor(llm.embed({'prompt_token_ids': ids}, use_tqdm=False)[0].outputs.embedding)
+    hf = AutoModelForCausalLM.from_pretrained(prepare_default_model(), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.nn.functional.normalize(hf.model(torch.tensor([ids])).last_hidden_state[0, -1], dim=0)
+    assert (vec - ref).abs().max() < 1e-5
+    assert llm.engine.block_manager.num_free_blocks == 16
+    with pytest.raises(RequestError, match='maximum context length is 64'):
+        llm.embed({'prompt_token_ids': ids + [5]}, use_tqdm=False)
+    assert llm.engine.block_manager.num_free_blocks == 16 and not llm.engine.has_unfinished_requests()
