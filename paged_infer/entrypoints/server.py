@@ -49,7 +49,7 @@ from paged_infer.entrypoints.streaming import (
     join_logprobs,
     merge,
 )
-from .embeddings import add_embedding_route, embedding_limits
+from .embeddings import add_embedding_route, embedding_limits, integer_schemas
 from .endpoints import add_routes
 from .tools import TOOL_PARSERS, ToolPlan
 
@@ -257,14 +257,6 @@ def _each(schema: dict):
     return [s for s in schema.get('anyOf', [schema]) if s.get('type') != 'null']
 
 
-def _integers(schema: dict):
-    "Every integer schema nested in `schema`."
-    if schema.get('type') == 'integer':
-        yield schema
-    for sub in [*schema.get('anyOf', []), *([schema['items']] if 'items' in schema else [])]:
-        yield from _integers(sub)
-
-
 _ERROR_JSON = {'application/json': {'schema': {'$ref': '#/components/schemas/ErrorResponse'}}}
 _REQUESTS = ('ChatCompletionRequest', 'CompletionRequest', 'ResponsesRequest', 'TokenizeRequest', 'DetokenizeRequest')
 
@@ -283,7 +275,7 @@ def _limits(schema: dict, name: str, engine, api_key: str | None):
             for s in _each(props.get(field, {})):
                 s['maximum'] = top
         for field in ('prompt', 'stop_token_ids', 'tokens'):
-            for s in _integers(props.get(field, {})):
+            for s in integer_schemas(props.get(field, {})):
                 s['maximum'] = vocab - 1
     schema['paths']['/v1/models/{model}']['get']['parameters'][0]['schema']['enum'] = [name]
     if api_key:
