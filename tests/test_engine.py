@@ -630,3 +630,24 @@ def test_an_embedding_prompt_may_fill_the_context():
     with pytest.raises(RequestError, match='maximum context length is 64'):
         llm.embed({'prompt_token_ids': ids + [5]}, use_tqdm=False)
     assert llm.engine.block_manager.num_free_blocks == 16 and not llm.engine.has_unfinished_requests()
+
+
+def test_dummy_load_format_makes_random_weights_of_the_config():
+    """vLLM's load_format='dummy': the default model's shape with seeded noise in [-1e-3, 1e-3] in place of its weights
+    (tied embeddings stay tied); the engine serves it; an unknown format, or dummy with tensor parallelism, is refused."""
+    eng = LLMEngine(num_gpu_blocks=16, load_format='dummy')
+    real = LLMEngine(num_gpu_blocks=16)
+    params = dict(eng.model.named_parameters())
+    assert params.keys() == dict(real.model.named_parameters()).keys()
+    assert all(p.abs().max() <= 1e-3 for p in params.values())
+    assert not torch.equal(eng.model.model.embed_tokens.weight, real.model.model.embed_tokens.weight)
+    assert eng.model.lm_head.weight is eng.model.model.embed_tokens.weight
+    eng.add_request(list(range(100, 120)), SamplingParams(max_tokens=6, ignore_eos=True))
+    done = []
+    while eng.has_unfinished_requests():
+        done += [o for o in eng.step() if o.finished]
+    assert len(done[0].outputs[0].token_ids) == 6 and eng.block_manager.num_free_blocks == 16
+    with pytest.raises(EngineConfigError, match="'auto' or 'dummy'"):
+        EngineConfig(load_format='npz')
+    with pytest.raises(EngineConfigError, match='tensor parallelism'):
+        EngineConfig(load_format='dummy', tensor_parallel_size=2)

@@ -70,6 +70,12 @@ def _add_engine_flags(p):
     g.add_argument(
         '--num-scheduler-steps', type=int, default=1, help='multi-step: decode steps per schedule, in one launch'
     )
+    g.add_argument(
+        '--load-format',
+        default='auto',
+        choices=('auto', 'dummy'),
+        help="'dummy': random weights made on the device (with --shape: no weights written)",
+    )
 
 
 def _add_workload_flags(p, default='sharegpt-like'):
@@ -106,6 +112,7 @@ def engine_config_from_args(args) -> EngineConfig:
                 _resolved_dtype(args.dtype, args.device),
                 max_model_len=args.max_model_len or 8192,
                 seed=args.seed,
+                weights=args.load_format != 'dummy',
             )
         )
     kw = dict(
@@ -125,6 +132,7 @@ def engine_config_from_args(args) -> EngineConfig:
     )
     kw['enforce_eager'], kw['tensor_parallel_size'] = args.enforce_eager, args.tensor_parallel_size
     kw['async_scheduling'], kw['num_scheduler_steps'] = args.async_scheduling, args.num_scheduler_steps
+    kw['load_format'] = args.load_format
     return EngineConfig(**kw)
 
 

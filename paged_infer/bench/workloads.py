@@ -164,6 +164,36 @@ SHAPES = {  # model_type and config fields of the real models; weights are rando
             original_max_position_embeddings=8192,
         ),
     ),
+    # mixtures of experts (chapters 7b and 15f)
+    'qwen3-30b-a3b': dict(
+        model_type='qwen3_moe',
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type='default', rope_theta=1e6),
+    ),
+    'mixtral-8x7b': dict(
+        model_type='mixtral',
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        rms_norm_eps=1e-5,
+        rope_parameters=dict(rope_type='default', rope_theta=1e6),
+    ),
 }
 
 
@@ -193,9 +223,11 @@ def make_random_model(
     max_model_len: int = 8192,
     seed: int = 0,
     device: str | None = None,
+    weights: bool = True,
     **overrides,
 ) -> Path:
-    "A Hugging Face folder with a random-weight model of `shape` (see SHAPES) and a tokenizer; reuses a complete one."
+    """A Hugging Face folder with a random-weight model of `shape` (see SHAPES) and a tokenizer; reuses a complete one.
+    `weights=False`: the config and tokenizer only, for `load_format='dummy'` (chapter 8)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from paged_infer.model.weights import parse_dtype
 
@@ -203,19 +235,24 @@ def make_random_model(
         raise UnknownShapeError(f'unknown shape {shape!r}; choose one of {", ".join(SHAPES)}')
     folder = Path(folder) if folder is not None else random_model_dir(shape, dtype)
     want = dict(shape=shape, dtype=dtype, max_model_len=max_model_len, seed=seed, overrides=overrides)
+    if not weights:
+        want['weights'] = False
     marker = folder / '.complete'
     if marker.is_file() and json.loads(marker.read_text()) == want:
         return folder
     kw = dict(SHAPES[shape]) | dict(max_position_embeddings=max_model_len) | overrides
     cfg = AutoConfig.for_model(kw.pop('model_type'), **kw)
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=parse_dtype(dtype, device))
     if folder.exists():
         shutil.rmtree(folder)
-    model.save_pretrained(folder)
-    del model
+    if weights:
+        device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=parse_dtype(dtype, device))
+        model.save_pretrained(folder)
+        del model
+    else:
+        cfg.save_pretrained(folder)
     src = Path(tokenizer_folder) if tokenizer_folder is not None else prepare_default_model()
     for name in TOKENIZER_FILES:
         if (src / name).is_file():

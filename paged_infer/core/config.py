@@ -44,6 +44,7 @@ class EngineConfig:
     num_scheduler_steps: int = (
         1  # multi-step: decode steps run per schedule (one launch), when a step holds decodes alone
     )
+    load_format: str = 'auto'  # 'auto': the checkpoint's weights; 'dummy': random ones of its config (benchmarks)
 
     def __post_init__(self):
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -68,6 +69,10 @@ class EngineConfig:
                 'async scheduling is not supported with tensor parallelism '
                 '(the other ranks need every input token on the host)'
             )
+        if self.load_format not in ('auto', 'dummy'):
+            raise EngineConfigError(f"load_format {self.load_format!r}: 'auto' or 'dummy'")
+        if self.load_format == 'dummy' and self.tensor_parallel_size > 1:
+            raise EngineConfigError('load_format dummy is not supported with tensor parallelism')
         if not (isinstance(self.num_scheduler_steps, int) and self.num_scheduler_steps >= 1):
             raise EngineConfigError('num_scheduler_steps must be an integer >= 1')
         if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:

@@ -55,8 +55,7 @@ class LLMEngine(Postprocessor, BeamSearch):
         if peers:
             peers.send('init_runner', (n_blocks, c.block_size, n_cpu))
             self.runner.peers = peers
-        # (a mixture of experts runs eager: chapter 7b's grouped experts size their GEMMs on the host)
-        if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers and not mc.num_experts:
+        if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
             self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)  # chapter 11a
         self.grammars = Grammars(self.tokenizer, mc.vocab_size)  # structured outputs (chapter 13c)
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
@@ -74,7 +73,7 @@ def _load_model(self: LLMEngine):
     "Load the model and tokenizer; with tensor parallelism start the other ranks and return them (else None)."
     c = self.config
     if c.tensor_parallel_size == 1:
-        self.model, self.tokenizer = load_model(c.model, c.dtype, c.device)
+        self.model, self.tokenizer = load_model(c.model, c.dtype, c.device, load_format=c.load_format)
         return None
     from paged_infer.worker.tensor_parallel import start_tensor_parallel  # chapter 18: this process is rank 0
 

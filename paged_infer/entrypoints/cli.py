@@ -103,6 +103,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser):
 def _add_run_args(p: argparse.ArgumentParser):
     "How steps run: seeds, CUDA graphs, tensor parallelism, async and multi-step scheduling."
     p.add_argument('--seed', type=int, default=0, help='seed for requests without their own')
+    p.add_argument(
+        '--load-format', default='auto', choices=('auto', 'dummy'), help="'dummy': random weights (benchmarks)"
+    )
     p.add_argument('--enforce-eager', action='store_true', help='on a GPU, run decode steps eagerly (no CUDA graphs)')
     p.add_argument(
         '--tensor-parallel-size',
@@ -157,6 +160,7 @@ def engine_config(args):
         tensor_parallel_size=args.tensor_parallel_size,
         async_scheduling=args.async_scheduling,
         num_scheduler_steps=args.num_scheduler_steps,
+        load_format=args.load_format,
     )
 
 # %% ../../nbs/90_cli.ipynb #cc0b4719

@@ -188,6 +188,7 @@ class LayerOps:
     rotary: Callable = rotary_torch  # (q, k, cos, sin) -> (q, k)
     silu_and_mul: Callable = silu_and_mul_torch  # (tokens, 2 * features) -> (tokens, features)
     fused_moe: Callable | None = None  # (x, w13, w2, weights, ids) -> (tokens, hidden); None: chapter 7b's torch
+    moe_route: Callable | None = None  # (router logits, top_k, renormalize) -> (weights, ids); None: chapter 7b's
 
 # %% ../../nbs/07_model.ipynb #64f20f47
 class MLP(nn.Module):

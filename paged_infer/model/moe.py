@@ -56,8 +56,9 @@ class SparseMoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
 
     def forward(self, x, ops=None):
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        experts = getattr(ops, 'fused_moe', None) or moe_grouped  # a Triton kernel on the GPU (chapter 15f)
+        router = getattr(ops, 'moe_route', None) or route  # Triton kernels on the GPU (chapter 15f)
+        weights, ids = router(self.gate(x), self.top_k, self.renormalize)
+        experts = getattr(ops, 'fused_moe', None) or moe_grouped
         return experts(x, self.w13, self.w2, weights, ids)
 
 # %% ../../nbs/07b_moe.ipynb #e4f43fa8

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['DEFAULT_HUB_ID', 'HUB_PATTERNS', 'HUB_IGNORE', 'DTYPES', 'IGNORED', 'ModelNotFoundError', 'WeightLoadError',
            'UnknownDtypeError', 'resolve_model', 'safetensors_files', 'iter_safetensors', 'default_dtype',
-           'parse_dtype', 'load_weights', 'load_tokenizer', 'load_hf_config']
+           'parse_dtype', 'load_weights', 'load_tokenizer', 'load_hf_config', 'dummy_weights']
 
 # %% ../../nbs/08_weights.ipynb #a97b7210
 import json
@@ -325,3 +325,25 @@ def load_hf_config(folder: str | Path):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(folder)
+
+# %% ../../nbs/08_weights.ipynb #225211b4
+def dummy_weights(
+    module: nn.Module, dtype: str | torch.dtype | None = None, device: str | torch.device = 'cpu', seed: int = 0
+) -> nn.Module:
+    "Fill every parameter of `module` with seeded uniform noise in [-1e-3, 1e-3] on `device` (vLLM's dummy format)."
+    device = torch.device(device)
+    if device.type == 'cuda' and device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
+    dtype = parse_dtype(dtype, device)
+    _move_buffers(module, device)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    gen = torch.Generator(device).manual_seed(seed)
+    done = set()
+    with torch.no_grad():
+        for name, names in _aliases(params).items():
+            if name in done:
+                continue
+            value = torch.empty(params[name].shape, dtype=dtype, device=device).uniform_(-1e-3, 1e-3, generator=gen)
+            _store(module, params, names, value, dtype, device)
+            done.update(names)
+    return module

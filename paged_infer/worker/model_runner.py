@@ -18,31 +18,37 @@ from ..model.llama import LayerOps, LlamaForCausalLM, ModelConfig, allocate_kv_c
 from ..model.llama import kv_cache_layers
 from ..ops.sampler import Sampler, SamplerOutput, SamplingBatch
 from ..core.sequence import PENDING, Sequence
-from ..model.weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
+from ..model.weights import dummy_weights, load_hf_config, load_tokenizer, load_weights, parse_dtype
+from ..model.weights import resolve_model
 from .cuda_graphs import DecodeGraphs
 
 
 # %% ../../nbs/11_model_runner.ipynb #95873c37
-def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto'):
-    "Model and tokenizer from a name, folder, GGUF file or hub id; float32 on the CPU and bfloat16 on a GPU by default."
+def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', load_format='auto'):
+    """Model and tokenizer from a name, folder, GGUF file or hub id; float32 on the CPU, bfloat16 on a GPU by default.
+    `load_format='dummy'`: random weights of the folder's config (chapter 8's `dummy_weights`), for benchmarks."""
     folder = resolve_model(name_or_path) if name_or_path else resolve_model()
     config = ModelConfig.from_hf(load_hf_config(folder))
     with torch.device('meta'):
         model = LlamaForCausalLM(config)
-    load_weights(model, folder, parse_dtype(dtype, device), device)
+    if load_format == 'dummy':
+        dummy_weights(model, parse_dtype(dtype, device), device)
+    else:
+        load_weights(model, folder, parse_dtype(dtype, device), device)
     if attention == 'triton' or (attention == 'auto' and torch.device(device).type == 'cuda'):
         use_triton(model)
     return model.eval(), load_tokenizer(folder)
 
 
 def use_triton(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    "Run `model` through the Triton kernels (chapters 15b-15e) with stacked projections: the GPU path."
+    "Run `model` through the Triton kernels (chapters 15b-15f) with stacked projections: the GPU path."
     from paged_infer.ops.cache_kernels import store_kv_triton  # chapter 15b; needs a GPU
     from paged_infer.ops.prefill_attention import paged_attention_triton  # chapter 15d
     from paged_infer.ops.fused_layers import add_rms_norm, rotary_embedding, silu_and_mul  # chapter 15e
+    from paged_infer.ops.fused_moe import fused_moe, route_triton  # chapter 15f
 
     model.attn_fn, model.store_fn = paged_attention_triton, store_kv_triton
-    model.ops = LayerOps(add_rms_norm, rotary_embedding, silu_and_mul)
+    model.ops = LayerOps(add_rms_norm, rotary_embedding, silu_and_mul, fused_moe, route_triton)
     return fuse_projections(model)
 
 

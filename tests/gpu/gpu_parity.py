@@ -3,7 +3,7 @@
     python tests/gpu/gpu_parity.py [--shapes qwen3-0.6b,qwen2.5-0.5b,llama-3.1-8b,qwen3-30b-a3b-4l,mixtral-8x7b-2l] [--assets DIR] [--out DIR]   # writes DIR/gpu_parity.json
 
 Random-weight models of named shapes (Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.1-8B; a few layers of Qwen3-30B-A3B and
-Mixtral-8x7B, whose experts run eager: no CUDA graphs for a mixture of experts), built here because no weights can be
+Mixtral-8x7B, whose experts run through chapter 15f's fused kernels), built here because no weights can be
 downloaded on the GPU machine, with the SmolLM2 tokenizer carried along (only token ids matter). For each shape,
 each engine setting (plain; a pool small enough to preempt, by recompute and by swap; a shared prefix with cache hits;
 a token budget that forces chunked prefill) and each mode (eager, CUDA graphs), 8 prompts of 24 to 300 random tokens
