@@ -651,3 +651,22 @@ def test_dummy_load_format_makes_random_weights_of_the_config():
         EngineConfig(load_format='npz')
     with pytest.raises(EngineConfigError, match='tensor parallelism'):
         EngineConfig(load_format='dummy', tensor_parallel_size=2)
+
+
+def test_load_format_flags_reach_the_engine_config(tmp_path, capsys):
+    """`serve --load-format dummy` and `bench ... --shape S --load-format dummy` build a dummy EngineConfig; the bench
+    writes the shape's config and tokenizer only (no weights); Hugging Face side by side is refused (no checkpoint)."""
+    from paged_infer.bench.cli import engine_config_from_args
+    from paged_infer.entrypoints.cli import build_parser, engine_config, main
+
+    p = build_parser()
+    assert engine_config(p.parse_args(['serve', '--load-format', 'dummy'])).load_format == 'dummy'
+    assert engine_config(p.parse_args(['serve'])).load_format == 'auto'
+    args = p.parse_args(['bench', 'throughput', '--shape', 'smollm2-135m', '--load-format', 'dummy',
+                         '--model-dir', str(tmp_path / 'm')])
+    config = engine_config_from_args(args)
+    assert config.load_format == 'dummy' and (tmp_path / 'm' / 'config.json').is_file()
+    assert not list((tmp_path / 'm').glob('*.safetensors'))
+    assert main(['bench', 'throughput', '--shape', 'smollm2-135m', '--load-format', 'dummy', '--backend', 'hf',
+                 '--model-dir', str(tmp_path / 'm')]) != 0
+    assert 'no checkpoint for Hugging Face' in capsys.readouterr().err

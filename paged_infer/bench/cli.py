@@ -171,6 +171,8 @@ def _batch_sizes(text: str) -> list:
 def cmd_bench_throughput(args) -> int:
     "paged-infer bench throughput: offline throughput, and Hugging Face side by side with --backend hf."
     try:
+        if args.backend != 'engine' and args.load_format == 'dummy':
+            raise ValueError('--load-format dummy has no checkpoint for Hugging Face to load: use --backend engine')
         sizes, w, config = _batch_sizes(args.hf_batch_size), workload_from_args(args), engine_config_from_args(args)
     except ValueError as e:
         return _fail(e)

@@ -233,7 +233,7 @@ def make_random_model(
 
     if shape not in SHAPES:
         raise UnknownShapeError(f'unknown shape {shape!r}; choose one of {", ".join(SHAPES)}')
-    folder = Path(folder) if folder is not None else random_model_dir(shape, dtype)
+    folder = Path(folder) if folder is not None else random_model_dir(shape, dtype if weights else 'config-only')
     want = dict(shape=shape, dtype=dtype, max_model_len=max_model_len, seed=seed, overrides=overrides)
     if not weights:
         want['weights'] = False

@@ -54,12 +54,16 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.group = None  # a process group when the experts are split over ranks (chapter 18)
 
     def forward(self, x, ops=None):
         router = getattr(ops, 'moe_route', None) or route  # Triton kernels on the GPU (chapter 15f)
         weights, ids = router(self.gate(x), self.top_k, self.renormalize)
         experts = getattr(ops, 'fused_moe', None) or moe_grouped
-        return experts(x, self.w13, self.w2, weights, ids)
+        y = experts(x, self.w13, self.w2, weights, ids)
+        if self.group is not None:  # tensor parallelism (chapter 18): each rank holds a slice of every expert
+            torch.distributed.all_reduce(y, group=self.group)
+        return y
 
 # %% ../../nbs/07b_moe.ipynb #e4f43fa8
 _EXPERT = re.compile(r'^(.*)\.experts\.(\d+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)\.weight$')

@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['padded_size', 'align_by_expert_ref', 'align_by_expert', 'route_triton', 'moe_gemm', 'fused_moe']
 
-# %% ../../nbs/15f_fused_moe.ipynb #ab5bb264
+# %% ../../nbs/15f_fused_moe.ipynb #f218f7a2
+import functools
 import json
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ from triton.language.extra import libdevice
 from .kernel_inputs import KernelInputError, dot_precision, interpreted
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #75df526f
+# %% ../../nbs/15f_fused_moe.ipynb #d83a4a83
 def padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
     "Slots the aligned layout needs at most: every pair, and up to block_m - 1 of padding for each expert with a pair."
     bound = num_pairs + min(num_pairs, num_experts) * (block_m - 1)
@@ -30,7 +31,7 @@ def align_by_expert_ref(ids: torch.Tensor, num_experts: int, block_m: int) -> tu
     Returns sorted_ids (S,): pair indices (t * k + slot), `P` where padding; expert_ids (S // block_m,): the expert
     of each block of block_m slots; total (1,): the slots in use. S follows from the shapes: nothing is read on the
     host."""
-    flat = ids.flatten()
+    flat = ids.flatten().long()
     P = flat.numel()
     counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
@@ -48,13 +49,13 @@ def align_by_expert_ref(ids: torch.Tensor, num_experts: int, block_m: int) -> tu
     return sorted_ids, expert_ids, ends[-1:].int()
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #a33e352d
+# %% ../../nbs/15f_fused_moe.ipynb #7b0c47a8
 def _check(cond: bool, msg: str):
     if not cond:
         raise KernelInputError(msg)
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #3cc2d8de
+# %% ../../nbs/15f_fused_moe.ipynb #320137fd
 @triton.jit
 def _align_kernel(ids_ptr, rank_ptr, counts_ptr, starts_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, P, E, S,
                   BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCKS: tl.constexpr):
@@ -106,7 +107,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     return sorted_ids, expert_ids, total
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #7348520f
+# %% ../../nbs/15f_fused_moe.ipynb #59d4d7a9
 @triton.jit
 def _route_kernel(logits_ptr, weights_ptr, ids_ptr, stride_l, E, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
                   RENORMALIZE: tl.constexpr, E_PAD: tl.constexpr, LIBDEVICE: tl.constexpr):
@@ -124,7 +125,7 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, stride_l, E, TOP_K: tl.const
     ids = tl.zeros((K_PAD,), tl.int32)
     for k in tl.static_range(TOP_K):  # the k largest, largest first; ties to the lower expert
         best = tl.max(p, 0)
-        idx = tl.min(tl.where(p == best, e, E_PAD), 0)
+        idx = tl.minimum(tl.min(tl.where(p == best, e, E_PAD), 0), E - 1)  # (a NaN row matches nothing)
         w = tl.where(j == k, best, w)
         ids = tl.where(j == k, idx, ids)
         p = tl.where(e == idx, -1.0, p)
@@ -148,7 +149,7 @@ def route_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple:
     return weights, ids
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #e0acc8f0
+# %% ../../nbs/15f_fused_moe.ipynb #7fe41f38
 @triton.jit
 def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, scale_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
                      N, K, P, blocks_m, stride_a, stride_we, stride_wn, stride_c,
@@ -179,7 +180,7 @@ def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, scale_ptr, sorted_ids_ptr, expert_ids_
         y = tl.load(w, mask=k_ok[:, None] & (n < N)[None, :], other=0.0)
         acc = tl.dot(x, y, acc, input_precision=PRECISION)
         if GATED:
-            y = tl.load(w + N * stride_wn, mask=k_ok[:, None] & (n < N)[None, :], other=0.0)
+            y = tl.load(w + N.to(tl.int64) * stride_wn, mask=k_ok[:, None] & (n < N)[None, :], other=0.0)
             acc_up = tl.dot(x, y, acc_up, input_precision=PRECISION)
         a += BLOCK_K
         w += BLOCK_K
@@ -194,7 +195,7 @@ def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, scale_ptr, sorted_ids_ptr, expert_ids_
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (n < N)[None, :])
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #4a83acf0
+# %% ../../nbs/15f_fused_moe.ipynb #1881103f
 # (experts, hidden, intermediate) -> {tokens: tile config}: the fastest of kernels/moe_bench.py's set on an H200
 # (Qwen3-30B-A3B's and Mixtral-8x7B's experts; kernels/results/moe/h200/moe_configs.json, kernels/NOTES.md)
 MOE_CONFIGS = {
@@ -217,14 +218,18 @@ MOE_CONFIGS = {
 }
 
 
+@functools.lru_cache(maxsize=8)
+def _read_table(path: str, mtime: float) -> dict:
+    raw = json.loads(Path(path).read_text())  # {"E,H,I": {"tokens": config}}
+    return {tuple(map(int, key.split(','))): {int(t): c for t, c in v.items()} for key, v in raw.items()}
+
+
 def _tuned() -> dict:
     "MOE_CONFIGS, and a table in the JSON file that PAGED_INFER_MOE_CONFIGS names, as moe_bench.py writes it."
     path = os.environ.get('PAGED_INFER_MOE_CONFIGS')
     if not path:
         return MOE_CONFIGS
-    raw = json.loads(Path(path).read_text())  # {"E,H,I": {"tokens": config}}
-    read = {tuple(map(int, key.split(','))): {int(t): c for t, c in v.items()} for key, v in raw.items()}
-    return MOE_CONFIGS | read
+    return MOE_CONFIGS | _read_table(path, os.path.getmtime(path))  # read again only when the file changes
 
 
 def moe_config(num_tokens: int, num_experts: int, hidden: int = 0, inter: int = 0) -> dict:
@@ -238,13 +243,13 @@ def moe_config(num_tokens: int, num_experts: int, hidden: int = 0, inter: int = 
     return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #a96757f5
+# %% ../../nbs/15f_fused_moe.ipynb #4cc975ff
 def moe_gemm(a, w, out, sorted_ids, expert_ids, total, top_k, scale=None, config=None, gated=False):
     """out[p] = a[p // top_k] @ w[expert of p].T (times scale[p]) for every pair p in `sorted_ids` (Triton); `gated`:
     w holds [gate | up] and out[p] = silu(gate) * up, half as wide."""
     P, N = out.shape
     K = a.shape[1]
-    cfg = dict(config)
+    cfg = dict(config or moe_config(P // top_k, w.shape[0]))
     bm = cfg.pop('BLOCK_M')
     blocks_m = expert_ids.numel()
     grid = (blocks_m * triton.cdiv(N, cfg['BLOCK_N']),)
@@ -255,7 +260,7 @@ def moe_gemm(a, w, out, sorted_ids, expert_ids, total, top_k, scale=None, config
     return out
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #ee3544e0
+# %% ../../nbs/15f_fused_moe.ipynb #3e408f11
 def fused_moe(x, w13, w2, weights, ids, config=None):
     "`moe_grouped` on the GPU: the pairs aligned by expert, two grouped GEMMs (the first gated); no host sync."
     _check(x.dim() == 2 and w13.dim() == 3 and w2.dim() == 3, 'x must be (tokens, hidden), w13 and w2 (experts, ., .)')
@@ -265,6 +270,7 @@ def fused_moe(x, w13, w2, weights, ids, config=None):
     _check(tuple(w2.shape) == (E, H, I2 // 2), f'w2 must be ({E}, {H}, {I2 // 2}), got {tuple(w2.shape)}')
     _check(x.dtype == w13.dtype == w2.dtype, f'x, w13 and w2 in one dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}')
     _check(ids.dim() == 2 and ids.shape[0] == T and weights.shape == ids.shape, 'weights and ids must be (tokens, k)')
+    _check(ids.dtype in (torch.int32, torch.int64), f'ids must be int32 or int64, got {ids.dtype}')
     _check(x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous(), 'x rows, w13 and w2 must be contiguous')
     _check(
         all(t.device == x.device for t in (w13, w2, weights, ids)) and (x.is_cuda or interpreted(_moe_gemm_kernel)),

@@ -31,6 +31,8 @@ def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', 
     config = ModelConfig.from_hf(load_hf_config(folder))
     with torch.device('meta'):
         model = LlamaForCausalLM(config)
+    if load_format not in ('auto', 'dummy'):
+        raise ValueError(f"load_format {load_format!r}: 'auto' or 'dummy'")
     if load_format == 'dummy':
         dummy_weights(model, parse_dtype(dtype, device), device)
     else:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ..cache.block_table import cdiv
 from ..core.errors import EngineFatalError
 from ..model.llama import LlamaForCausalLM, ModelConfig, UnsupportedModelError
+from ..model.moe import SparseMoE
 from ..model.weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
 
 # %% ../../nbs/18_tensor_parallel.ipynb #8b9998b3
@@ -33,6 +34,7 @@ class Shard:
     kv_heads: tuple  # (first KV head, count)
     ffn: tuple  # (first intermediate feature, count)
     vocab: tuple  # (first vocabulary row, count); the last rank's slice may run past the vocabulary (padding)
+    expert_ffn: tuple = (0, 0)  # (first intermediate feature, count) of every expert (a mixture of experts)
 
 
 def make_shard(c: ModelConfig, rank: int, size: int) -> Shard:
@@ -41,8 +43,10 @@ def make_shard(c: ModelConfig, rank: int, size: int) -> Shard:
         raise ValueError(f'rank {rank} of {size}')
     if c.num_heads % size:
         raise UnsupportedModelError(f'{c.num_heads} attention heads do not divide among {size} ranks')
-    if c.num_experts:
-        raise UnsupportedModelError('tensor parallelism over a mixture of experts is not supported')
+    if c.num_experts and c.moe_intermediate_size % size:
+        raise UnsupportedModelError(
+            f"the experts' intermediate size {c.moe_intermediate_size} does not divide among {size} ranks"
+        )
     if c.intermediate_size % size:
         raise UnsupportedModelError(f'intermediate size {c.intermediate_size} does not divide among {size} ranks')
     if c.num_kv_heads % size and size % c.num_kv_heads:
@@ -54,8 +58,8 @@ def make_shard(c: ModelConfig, rank: int, size: int) -> Shard:
         kv = (rank * (c.num_kv_heads // size), c.num_kv_heads // size)
     else:
         kv = (rank * c.num_kv_heads // size, 1)  # replicated: the KV head of this rank's query heads
-    ffn, vp = c.intermediate_size // size, cdiv(c.vocab_size, size)
-    return Shard(rank, size, (rank * hq, hq), kv, (rank * ffn, ffn), (rank * vp, vp))
+    ffn, vp, eff = c.intermediate_size // size, cdiv(c.vocab_size, size), c.moe_intermediate_size // size
+    return Shard(rank, size, (rank * hq, hq), kv, (rank * ffn, ffn), (rank * vp, vp), (rank * eff, eff))
 
 # %% ../../nbs/18_tensor_parallel.ipynb #13e3c5c2
 def shard_tensor(sh: Shard, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -68,6 +72,10 @@ def shard_tensor(sh: Shard, c: ModelConfig, name: str, t: torch.Tensor) -> torch
         return rows(sh.kv_heads[0] * D, sh.kv_heads[1] * D)
     if name.endswith('o_proj.weight'):
         return t[:, sh.heads[0] * D : (sh.heads[0] + sh.heads[1]) * D]
+    if re.search(r'experts\.\d+\.(gate_proj|up_proj|w1|w3)\.weight$', name):  # an expert's (chapter 7b)
+        return rows(*sh.expert_ffn)
+    if re.search(r'experts\.\d+\.(down_proj|w2)\.weight$', name):
+        return t[:, sh.expert_ffn[0] : sh.expert_ffn[0] + sh.expert_ffn[1]]
     if re.search(r'(gate|up)_proj\.(weight|bias)$', name):
         return rows(*sh.ffn)
     if name.endswith('down_proj.weight'):
@@ -135,6 +143,12 @@ def shard_model(model: LlamaForCausalLM, sh: Shard, group) -> LlamaForCausalLM:
             lin(c.hidden_size, n * D, c.qkv_bias) for n in (sh.heads[1], sh.kv_heads[1], sh.kv_heads[1])
         )
         a.o_proj = RowParallelLinear(sh.heads[1] * D, c.hidden_size, c.o_bias, group)
+        if isinstance(m, SparseMoE):  # every expert split like an MLP; the router whole on every rank
+            E, n = c.num_experts, sh.expert_ffn[1]
+            m.w13 = nn.Parameter(torch.empty(E, 2 * n, c.hidden_size), requires_grad=False)
+            m.w2 = nn.Parameter(torch.empty(E, c.hidden_size, n), requires_grad=False)
+            m.group = group
+            continue
         m.gate_proj, m.up_proj = lin(c.hidden_size, sh.ffn[1], c.mlp_bias), lin(c.hidden_size, sh.ffn[1], c.mlp_bias)
         m.down_proj = RowParallelLinear(sh.ffn[1], c.hidden_size, c.mlp_bias, group)
     model.model.embed_tokens = VocabParallelEmbedding(sh.vocab[0], sh.vocab[1], c.hidden_size, group)
@@ -145,7 +159,11 @@ def shard_model(model: LlamaForCausalLM, sh: Shard, group) -> LlamaForCausalLM:
     )
     model.lm_head = ParallelLMHead(head, c.vocab_size, group)
     model.config = dataclasses.replace(
-        c, num_heads=sh.heads[1], num_kv_heads=sh.kv_heads[1], intermediate_size=sh.ffn[1]
+        c,
+        num_heads=sh.heads[1],
+        num_kv_heads=sh.kv_heads[1],
+        intermediate_size=sh.ffn[1],
+        moe_intermediate_size=sh.expert_ffn[1],
     )
     model.shard = sh
     return model
