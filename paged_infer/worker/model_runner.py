@@ -50,7 +50,7 @@ def use_triton(model: LlamaForCausalLM) -> LlamaForCausalLM:
     from paged_infer.ops.fused_moe import fused_moe, route_triton  # chapter 15f
 
     model.attn_fn, model.store_fn = paged_attention_triton, store_kv_triton
-    model.ops = LayerOps(add_rms_norm, rotary_embedding, silu_and_mul, fused_moe, route_triton)
+    model.ops = LayerOps(add_rms_norm, rotary_embedding, silu_and_mul, fused_moe=fused_moe, moe_route=route_triton)
     return fuse_projections(model)
 
 
