@@ -847,3 +847,47 @@ def test_vllm_prompt_logprobs_field(client, hf_scores):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=NAME, prompt=text, max_tokens=2, stream=True, extra_body={'prompt_logprobs': 1})
     assert e.value.body['param'] == 'prompt_logprobs'
+
+
+def test_a_full_queue_answers_503_and_loses_nothing():
+    """Backpressure (`serve --max-queued-requests`): one sequence runs at a time and at most 2 requests may wait, so of
+    8 requests sent at once through the official client some get an OpenAI-shaped 503 (code `queue_full`, as a
+    completion and as a stream) and the others complete in full; afterwards the pool is all free and a request is
+    served; a bound below 0 is refused. (Requests that pass the server's check together are counted again as they
+    reach the engine: a stream refused there has already started, and gets the error as its one event.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = AsyncLLMEngine.from_config(
+        EngineConfig(num_gpu_blocks=64, max_num_seqs=1), max_wait_ms=1, max_queued_requests=2
+    )
+    app = build_app(engine, NAME)
+    body = dict(model=NAME, max_tokens=24, extra_body={'ignore_eos': True})
+
+    def ask(i):
+        client = openai.OpenAI(base_url=url + '/v1', api_key='none', max_retries=0)
+        try:
+            if i % 2:
+                return ''.join(c.choices[0].text for c in client.completions.create(prompt=f'Count {i}', stream=True, **body))
+            return client.completions.create(prompt=f'Count {i}', **body).choices[0].text
+        except openai.APIError as e:  # a 503; or, for a stream that raced past the first check, its one error event
+            return e
+
+    try:
+        with ServerThread(app) as url:
+            with ThreadPoolExecutor(8) as pool:
+                results = list(pool.map(ask, range(8)))
+            refused = [r for r in results if isinstance(r, Exception)]
+            served = [r for r in results if not isinstance(r, Exception)]
+            assert refused and served, results
+            for e in refused:
+                assert e.body['code'] == 'queue_full' and 'requests are waiting' in e.body['message'], e.body
+                assert getattr(e, 'status_code', 503) == 503
+            ok = openai.OpenAI(base_url=url + '/v1', api_key='none').completions.create(prompt='Hi', **body)
+            assert ok.usage.completion_tokens == 24
+        assert engine.engine.block_manager.num_free_blocks == 64 and engine.num_waiting == 0
+    finally:
+        engine.shutdown()
+    tok = engine.engine.tokenizer
+    assert all(len(tok(t, add_special_tokens=False).input_ids) >= 20 for t in served), 'the served ones are whole'
+    with pytest.raises(ValueError, match='at least 0'):
+        AsyncLLMEngine(engine.engine, max_queued_requests=-1)

@@ -199,7 +199,7 @@ def cmd_serve(args) -> int:
         f'KV pool: {eng.num_gpu_blocks} blocks x {bs} tokens = {eng.num_gpu_blocks * bs} tokens '
         f'({eng.max_concurrent_full_length:.1f} sequences of max_model_len at once)'
     )
-    engine = AsyncLLMEngine(eng, max_wait_ms=args.scheduler_delay_ms)
+    engine = AsyncLLMEngine(eng, max_wait_ms=args.scheduler_delay_ms, max_queued_requests=args.max_queued_requests)
     app = build_app(
         engine,
         name,
@@ -256,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(serve)
     serve.add_argument('--host', default='0.0.0.0', help='address to listen on')
     serve.add_argument('--port', type=int, default=8000, help='port to listen on')
+    serve.add_argument(
+        '--max-queued-requests',
+        type=int,
+        default=None,
+        help='refuse a request with a 503 when this many are already waiting (default: no bound)',
+    )
     serve.add_argument('--api-key', default=None, help='require this key (Authorization: Bearer KEY) on /v1 routes')
     serve.add_argument('--served-model-name', default=None, help='the model name clients send (default: MODEL)')
     serve.add_argument(

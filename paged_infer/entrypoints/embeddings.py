@@ -75,6 +75,7 @@ def _check(r, req: EmbeddingRequest, prompts: list):
         raise APIError(400, str(e), 'input') from None
     if not r.engine.is_running:
         raise APIError(503, 'the engine is not running')
+    r.engine.check_queue(len(prompts))
     return params
 
 

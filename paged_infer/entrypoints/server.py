@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import paged_infer
 from ..core.errors import RequestError
 from ..core.sampling_params import SamplingParams, SamplingParamsError
-from .async_engine import AsyncLLMEngine, RequestCutError
+from .async_engine import AsyncLLMEngine, QueueFullError, RequestCutError
 from .drain import Drain, DrainGuard
 from .metrics import ServerMetrics
 from .prompts import Prompts
@@ -125,6 +125,7 @@ class _Route:
             raise APIError(400, str(e), param) from None
         if not self.engine.is_running:
             raise APIError(503, 'the engine is not running')
+        self.engine.check_queue(len(prompts))  # before a stream starts: a full queue is a 503 (16c)
         return params
 
     async def outputs(self, prompts: list, params: SamplingParams, rid: str):
@@ -239,9 +240,10 @@ def _add_error_handlers(app: FastAPI):
             err.message += f' sent as application/json (the Content-Type header says {kind!r})'
         return err.response()
 
+    @app.exception_handler(QueueFullError)
     @app.exception_handler(RequestCutError)
     async def _cut(request, exc):
-        return failure(exc).response()  # a shutdown cut the request: a 503, as in a stream (chapter 16c)
+        return failure(exc).response()  # a shutdown cut it, or the queue is full: a 503, as in a stream (16c)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):
@@ -330,7 +332,7 @@ def build_app(
         200: {'content': {'text/event-stream': {}}, 'description': 'JSON, or server-sent events when stream is true'}
     }
     errors = [(400, 'invalid request'), (404, 'unknown model')]  # 401 when there is a key: _limits
-    errors += [(413, 'body too large'), (503, 'the engine has stopped, or the server is draining')]
+    errors += [(413, 'body too large'), (503, 'the engine has stopped, the server is draining, or its queue is full')]
     err_doc = {c: {'description': d, 'model': ErrorResponse} for c, d in errors}
 
     @app.post('/v1/chat/completions', response_model=ChatCompletionResponse, responses={**stream_doc, **err_doc})

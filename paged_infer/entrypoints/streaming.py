@@ -12,7 +12,7 @@ import json
 
 from fastapi import Request
 
-from .async_engine import RequestCutError
+from .async_engine import QueueFullError, RequestCutError
 from .protocol import APIError
 from .tools import ToolDeltas
 
@@ -21,6 +21,8 @@ def failure(e: Exception) -> APIError:
     "The error of a request that failed after it started: cut by a shutdown, a 503 (retry elsewhere); else a 500."
     if isinstance(e, RequestCutError):
         return APIError(503, str(e), code='shutdown')
+    if isinstance(e, QueueFullError):
+        return APIError(503, str(e), code='queue_full')  # backpressure (chapter 16c): retry, or go elsewhere
     return APIError(500, f'generation failed: {e}')
 
 # %% ../../nbs/16a_streaming.ipynb #44626fc3

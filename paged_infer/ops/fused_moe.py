@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['padded_size', 'align_by_expert_ref', 'align_by_expert', 'route_triton', 'moe_gemm', 'fused_moe']
 
-# %% ../../nbs/15f_fused_moe.ipynb #df58cb7d
+# %% ../../nbs/15f_fused_moe.ipynb #65a5ee8e
 import functools
 import json
 import os
@@ -19,7 +19,7 @@ from triton.language.extra import libdevice
 from .kernel_inputs import KernelInputError, dot_precision, interpreted
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #8ae13385
+# %% ../../nbs/15f_fused_moe.ipynb #75d510e8
 def padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
     "Slots the aligned layout needs at most: every pair, and up to block_m - 1 of padding for each expert with a pair."
     bound = num_pairs + min(num_pairs, num_experts) * (block_m - 1)
@@ -49,13 +49,13 @@ def align_by_expert_ref(ids: torch.Tensor, num_experts: int, block_m: int) -> tu
     return sorted_ids, expert_ids, ends[-1:].int()
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #2e94c9b8
+# %% ../../nbs/15f_fused_moe.ipynb #079a3796
 def _check(cond: bool, msg: str):
     if not cond:
         raise KernelInputError(msg)
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #9d722a65
+# %% ../../nbs/15f_fused_moe.ipynb #12b398f8
 @triton.jit
 def _align_kernel(ids_ptr, rank_ptr, counts_ptr, starts_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, P, E, S,
                   BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCKS: tl.constexpr):
@@ -107,7 +107,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     return sorted_ids, expert_ids, total
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #583aca88
+# %% ../../nbs/15f_fused_moe.ipynb #023876ea
 @triton.jit
 def _route_kernel(logits_ptr, weights_ptr, ids_ptr, stride_l, E, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
                   RENORMALIZE: tl.constexpr, E_PAD: tl.constexpr, LIBDEVICE: tl.constexpr):
@@ -149,7 +149,7 @@ def route_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple:
     return weights, ids
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #468d4dd0
+# %% ../../nbs/15f_fused_moe.ipynb #9464bd3e
 @triton.jit
 def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, scale_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
                      N, K, P, blocks_m, stride_a, stride_we, stride_wn, stride_c,
@@ -195,7 +195,7 @@ def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, scale_ptr, sorted_ids_ptr, expert_ids_
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (n < N)[None, :])
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #8081b624
+# %% ../../nbs/15f_fused_moe.ipynb #8a7d8a7d
 # (experts, hidden, intermediate) -> {tokens: tile config}: the fastest of kernels/moe_bench.py's set on an H200
 # (Qwen3-30B-A3B's and Mixtral-8x7B's experts; kernels/results/moe/h200/moe_configs.json, kernels/NOTES.md)
 MOE_CONFIGS = {
@@ -243,7 +243,7 @@ def moe_config(num_tokens: int, num_experts: int, hidden: int = 0, inter: int = 
     return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #e67c6161
+# %% ../../nbs/15f_fused_moe.ipynb #fdbd4ee6
 def moe_gemm(a, w, out, sorted_ids, expert_ids, total, top_k, scale=None, config=None, gated=False):
     """out[p] = a[p // top_k] @ w[expert of p].T (times scale[p]) for every pair p in `sorted_ids` (Triton); `gated`:
     w holds [gate | up] and out[p] = silu(gate) * up, half as wide."""
@@ -260,7 +260,7 @@ def moe_gemm(a, w, out, sorted_ids, expert_ids, total, top_k, scale=None, config
     return out
 
 
-# %% ../../nbs/15f_fused_moe.ipynb #dc325f60
+# %% ../../nbs/15f_fused_moe.ipynb #265cdca1
 def fused_moe(x, w13, w2, weights, ids, config=None):
     "`moe_grouped` on the GPU: the pairs aligned by expert, two grouped GEMMs (the first gated); no host sync."
     _check(x.dim() == 2 and w13.dim() == 3 and w2.dim() == 3, 'x must be (tokens, hidden), w13 and w2 (experts, ., .)')
