@@ -891,3 +891,28 @@ def test_a_full_queue_answers_503_and_loses_nothing():
     assert all(len(tok(t, add_special_tokens=False).input_ids) >= 20 for t in served), 'the served ones are whole'
     with pytest.raises(ValueError, match='at least 0'):
         AsyncLLMEngine(engine.engine, max_queued_requests=-1)
+
+
+def test_the_request_log_has_one_line_per_request_and_no_text(caplog):
+    """`--enable-log-requests`: a request through the official client writes one JSON line to `paged_infer.requests`
+    with the counts the response's usage reports and its times; the prompt's text is not in it. Off: no line."""
+    import logging
+
+    engine = AsyncLLMEngine.from_config(EngineConfig(num_gpu_blocks=64, max_num_seqs=4), max_wait_ms=1)
+    prompt = 'A secret message for the log: zebra quartz'
+    try:
+        for log_requests in (False, True):
+            with ServerThread(build_app(engine, NAME, log_requests=log_requests)) as url:
+                client = openai.OpenAI(base_url=url + '/v1', api_key='none')
+                with caplog.at_level(logging.INFO, logger='paged_infer.requests'):
+                    caplog.clear()
+                    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=7, extra_body={'ignore_eos': True})
+                    lines = [rec.getMessage() for rec in caplog.records if rec.name == 'paged_infer.requests']
+            if not log_requests:
+                assert lines == []
+    finally:
+        engine.shutdown()
+    assert len(lines) == 1 and 'zebra' not in lines[0] and 'secret' not in lines[0]
+    rec = json.loads(lines[0])
+    assert rec['prompt_tokens'] == r.usage.prompt_tokens and rec['output_tokens'] == r.usage.completion_tokens == 7
+    assert rec['finish_reasons'] == ['length'] and 0 < rec['ttft_s'] <= rec['e2e_s']

@@ -207,6 +207,7 @@ def cmd_serve(args) -> int:
         chat_template=_read_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        log_requests=args.enable_log_requests,
     )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10
@@ -256,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(serve)
     serve.add_argument('--host', default='0.0.0.0', help='address to listen on')
     serve.add_argument('--port', type=int, default=8000, help='port to listen on')
+    serve.add_argument(
+        '--enable-log-requests',
+        action='store_true',
+        help='log one JSON line per finished request (ids, token counts, times; never the text)',
+    )
     serve.add_argument(
         '--max-queued-requests',
         type=int,

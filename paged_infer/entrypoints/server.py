@@ -100,13 +100,13 @@ class Guard:
 class _Route:
     "State shared by the routes of one app."
 
-    def __init__(self, engine: AsyncLLMEngine, name: str, chat_template: str | None, tool_parser: str | None, auto):
+    def __init__(self, engine, name: str, chat_template: str | None, tool_parser: str | None, auto, log_requests=False):
         if tool_parser is not None and tool_parser not in TOOL_PARSERS:
             raise ValueError(f'unknown tool call parser {tool_parser!r}: one of {sorted(TOOL_PARSERS)}')
         self.engine, self.name, self.tool_parser, self.auto_tools = engine, name, tool_parser, auto
         self.tok = engine.engine.tokenizer
         self.prompts = Prompts(self.tok, engine.engine.max_model_len, chat_template)  # off the event loop (16d)
-        self.metrics = ServerMetrics(engine, name)
+        self.metrics = ServerMetrics(engine, name, log_requests)
 
     def check_model(self, model: str):
         if model != self.name:
@@ -315,9 +315,10 @@ def build_app(
     chat_template: str | None = None,
     tool_call_parser: str | None = None,
     enable_auto_tool_choice: bool = False,
+    log_requests: bool = False,
 ) -> FastAPI:
     "A FastAPI app serving the OpenAI API over `async_engine` under the model name `served_model_name`."
-    r = _Route(async_engine, served_model_name, chat_template, tool_call_parser, enable_auto_tool_choice)
+    r = _Route(async_engine, served_model_name, chat_template, tool_call_parser, enable_auto_tool_choice, log_requests)
     app = FastAPI(
         title='paged-infer',
         version=paged_infer.__version__,
