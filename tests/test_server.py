@@ -853,7 +853,7 @@ def test_a_full_queue_answers_503_and_loses_nothing():
     """Backpressure (`serve --max-queued-requests`): one sequence runs at a time and at most 2 requests may wait, so of
     8 requests sent at once through the official client some get an OpenAI-shaped 503 (code `queue_full`, as a
     completion and as a stream) and the others complete in full; afterwards the pool is all free and a request is
-    served; a bound below 0 is refused. (Requests that pass the server's check together are counted again as they
+    served; a bound below 1 is refused (a request counts as waiting until a step takes it). (Requests that pass the server's check together are counted again as they
     reach the engine: a stream refused there has already started, and gets the error as its one event.)"""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -889,8 +889,8 @@ def test_a_full_queue_answers_503_and_loses_nothing():
         engine.shutdown()
     tok = engine.engine.tokenizer
     assert all(len(tok(t, add_special_tokens=False).input_ids) >= 20 for t in served), 'the served ones are whole'
-    with pytest.raises(ValueError, match='at least 0'):
-        AsyncLLMEngine(engine.engine, max_queued_requests=-1)
+    with pytest.raises(ValueError, match='at least 1'):
+        AsyncLLMEngine(engine.engine, max_queued_requests=0)
 
 
 def test_the_request_log_has_one_line_per_request_and_no_text(caplog):

@@ -38,8 +38,8 @@ class AsyncLLMEngine:
 
     def __init__(self, engine: LLMEngine, max_wait_ms: float = 10.0, max_queued_requests: int | None = None):
         self.engine, self.max_wait = engine, max_wait_ms / 1000
-        if max_queued_requests is not None and max_queued_requests < 0:
-            raise ValueError(f'max_queued_requests must be at least 0, got {max_queued_requests}')
+        if max_queued_requests is not None and max_queued_requests < 1:  # a request waits until a step takes it
+            raise ValueError(f'max_queued_requests must be at least 1, got {max_queued_requests}')
         self.max_queued_requests = max_queued_requests  # None: wait without bound
         self._adds = 0  # requests handed to the inbox that the engine thread has not added yet
         self._inbox = queue.SimpleQueue()  # ('add', args) / ('abort', request id), from any thread

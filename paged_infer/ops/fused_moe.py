@@ -250,7 +250,8 @@ def moe_gemm(a, w, out, sorted_ids, expert_ids, total, top_k, scale=None, config
     P, N = out.shape
     K = a.shape[1]
     cfg = dict(config or moe_config(P // top_k, w.shape[0]))
-    bm = cfg.pop('BLOCK_M')
+    cfg.pop('BLOCK_M')
+    bm = sorted_ids.numel() // expert_ids.numel()  # the layout's block of rows, whatever the config says
     blocks_m = expert_ids.numel()
     grid = (blocks_m * triton.cdiv(N, cfg['BLOCK_N']),)
     _moe_gemm_kernel[grid](a, w, out, scale if scale is not None else out, sorted_ids, expert_ids, total,
