@@ -246,6 +246,16 @@ def _store_expert(module: nn.Module, params: dict, slot: tuple, tensor: torch.Te
     dst.copy_(tensor)
 
 # %% ../../nbs/08_weights.ipynb #a42f54c5
+def _prepare(module: nn.Module, dtype, device) -> tuple:
+    "(device with its index, dtype, every parameter by name, tied ones under both): the module's buffers moved there."
+    device = torch.device(device)
+    if device.type == 'cuda' and device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
+    dtype = parse_dtype(dtype, device)
+    _move_buffers(module, device)
+    return device, dtype, dict(module.named_parameters(remove_duplicate=False))
+
+
 def _aliases(params: dict) -> dict:
     "Parameter name -> every name of the same Parameter (tied embeddings: two names, one tensor)."
     by_id = {}
@@ -276,12 +286,7 @@ def load_weights(
     shard=None,  # (name, tensor) -> this process's slice of it (tensor parallelism, chapter 18)
 ) -> nn.Module:
     "Stream a folder's safetensors into `module`'s parameters by name, on `device` in `dtype` (`default_dtype`)."
-    device = torch.device(device)
-    if device.type == 'cuda' and device.index is None:
-        device = torch.device('cuda', torch.cuda.current_device())
-    dtype = parse_dtype(dtype, device)
-    _move_buffers(module, device)
-    params = dict(module.named_parameters(remove_duplicate=False))  # tied: two names, one Parameter
+    device, dtype, params = _prepare(module, dtype, device)  # tied: two names, one Parameter
     aliases = _aliases(params)  # name -> every name of its Parameter
     loaded = {}  # name -> the checkpoint tensor name that filled it
     filled = {}  # stacked experts' parameter -> how many expert projections were stored in it
@@ -331,12 +336,7 @@ def dummy_weights(
     module: nn.Module, dtype: str | torch.dtype | None = None, device: str | torch.device = 'cpu', seed: int = 0
 ) -> nn.Module:
     "Fill every parameter of `module` with seeded uniform noise in [-1e-3, 1e-3] on `device` (vLLM's dummy format)."
-    device = torch.device(device)
-    if device.type == 'cuda' and device.index is None:
-        device = torch.device('cuda', torch.cuda.current_device())
-    dtype = parse_dtype(dtype, device)
-    _move_buffers(module, device)
-    params = dict(module.named_parameters(remove_duplicate=False))
+    device, dtype, params = _prepare(module, dtype, device)
     gen = torch.Generator(device).manual_seed(seed)
     done = set()
     with torch.no_grad():
