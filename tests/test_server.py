@@ -428,6 +428,7 @@ def test_cli_serve_logs_pool_and_drains_on_sigterm(tmp_path):
         assert events[-1] == '[DONE]' and json.loads(events[-2])['choices'][0]['finish_reason'] == 'length', events[-3:]
         assert [h.status_code for h in health] == [503, 503] and health[0].json()['error']['code'] == 'draining'
         assert refused.status_code == 503 and refused.json()['error']['code'] == 'draining', refused.text
+        assert refused.headers.get('retry-after') == '1', refused.headers
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None: proc.kill(); proc.wait()
@@ -853,7 +854,8 @@ def test_a_full_queue_answers_503_and_loses_nothing():
     """Backpressure (`serve --max-queued-requests`): one sequence runs at a time and at most 2 requests may wait, so of
     8 requests sent at once through the official client some get an OpenAI-shaped 503 (code `queue_full`, as a
     completion and as a stream) and the others complete in full; afterwards the pool is all free and a request is
-    served; a bound below 1 is refused (a request counts as waiting until a step takes it). (Requests that pass the server's check together are counted again as they
+    served; a request of more prompts than the bound is a 400 (it could never fit); a bound below 1 is refused (a request
+    counts as waiting until a step takes it). A 503 says Retry-After: 1. (Requests that pass the server's check together are counted again as they
     reach the engine: a stream refused there has already started, and gets the error as its one event.)"""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -882,8 +884,13 @@ def test_a_full_queue_answers_503_and_loses_nothing():
             for e in refused:
                 assert e.body['code'] == 'queue_full' and 'requests are waiting' in e.body['message'], e.body
                 assert getattr(e, 'status_code', 503) == 503
-            ok = openai.OpenAI(base_url=url + '/v1', api_key='none').completions.create(prompt='Hi', **body)
+                if isinstance(e, openai.APIStatusError):  # a 503 before any byte says when to come back
+                    assert e.response.headers.get('retry-after') == '1', e.response.headers
+            client = openai.OpenAI(base_url=url + '/v1', api_key='none')
+            ok = client.completions.create(prompt='Hi', **body)
             assert ok.usage.completion_tokens == 24
+            with pytest.raises(openai.BadRequestError, match='3 prompts in one request; this server queues 2 at most'):
+                client.completions.create(prompt=['a', 'b', 'c'], **body)  # it would never fit: a 400, not a 503
         assert engine.engine.block_manager.num_free_blocks == 64 and engine.num_waiting == 0
     finally:
         engine.shutdown()

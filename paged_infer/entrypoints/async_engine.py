@@ -99,14 +99,15 @@ def _drain(self: AsyncLLMEngine, block: bool):
     for kind, arg in msgs:
         if kind == 'add':
             rid, ids, params, arrival, priority, stream = arg
-            with self._lock:
-                self._adds -= 1
             self._streams[rid] = stream
             try:
                 self.engine.add_request(ids, params, rid, arrival, priority)
             except Exception as e:
                 self._send(rid, e)
                 self._send(rid, None)
+            finally:
+                with self._lock:  # once it is in the scheduler's queue: num_waiting never misses it in between
+                    self._adds -= 1
         elif kind == 'cut':
             for rid in list(self._streams):
                 self._send(rid, arg)

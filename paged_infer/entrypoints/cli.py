@@ -239,6 +239,14 @@ def cmd_generate(args) -> int:
     return 0
 
 # %% ../../nbs/90_cli.ipynb #9caf3bd4
+def _at_least_one(text: str) -> int:
+    "argparse type: an integer of at least 1 (a bad value fails when the command is read, not when the server runs)."
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f'must be at least 1, got {n}')
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     "The argument parser of `paged-infer`, one subparser per subcommand."
     p = argparse.ArgumentParser(prog='paged-infer', description='paged-infer: a PagedAttention LLM serving engine')
@@ -264,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         '--max-queued-requests',
-        type=int,
+        type=_at_least_one,
         default=None,
         help='refuse a request with a 503 when this many are already waiting (default: no bound)',
     )

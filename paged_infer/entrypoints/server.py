@@ -20,7 +20,7 @@ import paged_infer
 from ..core.errors import RequestError
 from ..core.sampling_params import SamplingParams, SamplingParamsError
 from .async_engine import AsyncLLMEngine, QueueFullError, RequestCutError
-from .drain import Drain, DrainGuard
+from .drain import RETRY_AFTER, Drain, DrainGuard
 from .metrics import ServerMetrics
 from .prompts import Prompts
 from paged_infer.entrypoints.protocol import (
@@ -125,6 +125,9 @@ class _Route:
             raise APIError(400, str(e), param) from None
         if not self.engine.is_running:
             raise APIError(503, 'the engine is not running')
+        bound = self.engine.max_queued_requests
+        if bound is not None and len(prompts) > bound:  # it would never fit: a 400, not a 503 to retry
+            raise APIError(400, f'{len(prompts)} prompts in one request; this server queues {bound} at most', 'prompt')
         self.engine.check_queue(len(prompts))  # before a stream starts: a full queue is a 503 (16c)
         return params
 
@@ -243,7 +246,7 @@ def _add_error_handlers(app: FastAPI):
     @app.exception_handler(QueueFullError)
     @app.exception_handler(RequestCutError)
     async def _cut(request, exc):
-        return failure(exc).response()  # a shutdown cut it, or the queue is full: a 503, as in a stream (16c)
+        return failure(exc).response(RETRY_AFTER)  # a shutdown cut it, or the queue is full: a 503 (16c)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):
