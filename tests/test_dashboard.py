@@ -19,7 +19,6 @@ import pytest
 from helpers import ServerThread
 from paged_infer.core.config import EngineConfig
 from paged_infer.entrypoints.async_engine import AsyncLLMEngine
-from paged_infer.entrypoints.dashboard import add_dashboard_routes
 from paged_infer.entrypoints.server import build_app
 
 NAME = 'SmolLM2-135M-Instruct'
@@ -33,8 +32,7 @@ CACHED_RGB = [143, 211, 182]  # the page's colour of a cached block (free and us
 def server():
     engine = AsyncLLMEngine.from_config(EngineConfig(num_gpu_blocks=BLOCKS, max_model_len=1024, max_num_seqs=8),
                                         max_wait_ms=5)
-    app = build_app(engine, NAME)
-    add_dashboard_routes(app, engine)
+    app = build_app(engine, NAME)  # with the dashboard's routes (chapter 16h)
     with ServerThread(app) as url:
         yield url, engine
     engine.shutdown()

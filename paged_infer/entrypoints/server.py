@@ -49,6 +49,7 @@ from paged_infer.entrypoints.streaming import (
     join_logprobs,
     merge,
 )
+from .dashboard import add_dashboard_routes
 from .embeddings import add_embedding_route, embedding_limits, integer_schemas
 from .endpoints import add_routes
 from .tools import TOOL_PARSERS, ToolPlan
@@ -350,6 +351,7 @@ def build_app(
     add_routes(app, r, err_doc)  # chapter 16f: /tokenize, /detokenize, /v1/responses
     add_embedding_route(app, r, err_doc)  # chapter 16g
     _add_info_routes(app, async_engine, served_model_name, created)
+    app.state.dashboard = add_dashboard_routes(app, async_engine)  # chapter 16h: /dashboard, the live view
     app.openapi = _openapi(app, served_model_name, async_engine.engine, api_key)
     app.add_middleware(DrainGuard, drain=app.state.drain)  # chapter 16c: counts requests, refuses new ones if draining
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
