@@ -65,6 +65,7 @@ class LLMEngine(Postprocessor, BeamSearch):
         self.detoks: dict = {}  # seq id -> IncrementalDetokenizer
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        self.step_tokens: dict = {}  # tokens one step processed -> steps that did (the metrics, 16b)
         self._ids = itertools.count()
 
 # %% ../../nbs/13_engine.ipynb #cf0b86eb
@@ -226,6 +227,7 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed (one each)."
     outputs, self.undelivered = self.undelivered, []
+    before = self.num_prompt_tokens + self.num_generation_tokens
     try:
         if self.config.async_scheduling and not self.sync_only:
             self._overlap_step(outputs)
@@ -238,6 +240,9 @@ def step(self: LLMEngine) -> list:
             pass  # the device itself failed: the error being raised says so
         self.undelivered = outputs
         raise
+    finally:
+        if n := self.num_prompt_tokens + self.num_generation_tokens - before:  # (a step that did nothing: no step)
+            self.step_tokens[n] = self.step_tokens.get(n, 0) + 1
     return _latest(outputs)
 
 
@@ -415,4 +420,5 @@ def stats(self: LLMEngine) -> EngineStats:
     s, bm = self.scheduler, self.block_manager
     queues = (len(s.running), len(s.waiting), len(s.swapped))
     cache = (bm.usage, bm.gpu.num_blocks, s.num_preemptions, bm.prefix_queries, bm.prefix_hits)
-    return EngineStats(*queues, *cache, self.num_prompt_tokens, self.num_generation_tokens)
+    tokens = (self.num_prompt_tokens, self.num_generation_tokens, dict(self.step_tokens))
+    return EngineStats(*queues, *cache, *tokens)

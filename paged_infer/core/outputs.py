@@ -6,7 +6,7 @@
 __all__ = ['CompletionOutput', 'RequestOutput', 'EmbeddingOutput', 'EmbeddingRequestOutput', 'EngineStats']
 
 # %% ../../nbs/12b_outputs.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # %% ../../nbs/12b_outputs.ipynb #015443e0
 @dataclass
@@ -39,6 +39,8 @@ class RequestOutput:
     prompt_logprobs: list | None = None  # with SamplingParams.prompt_logprobs: per prompt token, {id: logprob} or None
     prompt_ranks: list | None = None  # with prompt_logprobs: each prompt token's rank at its place, or None
     embedding: list | None = None  # an embedding request's vector, once finished (chapter 16g)
+    first_scheduled_time: float | None = None  # when the scheduler first admitted it (queue time ends)
+    params: object = None  # the request's SamplingParams (the metrics read n and max_tokens)
 
 
 @dataclass
@@ -72,3 +74,4 @@ class EngineStats:
     prefix_cache_hits: int  # of those, found cached
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
+    tokens_per_step: dict = field(default_factory=dict)  # prompt + generation tokens of one step -> steps

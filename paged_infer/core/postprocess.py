@@ -249,6 +249,8 @@ def _output(self: Postprocessor, g: SequenceGroup) -> RequestOutput:
         prompt_logprobs=next((s.prompt_logprobs for s in g.seqs), None),
         prompt_ranks=next((s.prompt_ranks for s in g.seqs), None),
         embedding=_embedding(g),
+        first_scheduled_time=g.first_scheduled_time,
+        params=g.params,
     )
 
 

@@ -24,6 +24,7 @@ class SequenceGroup:
     priority: int = 0  # lower runs first (when the scheduler's policy is 'priority')
     prompt: str | None = None  # the text, when the request came as text
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    first_scheduled_time: float | None = None  # when the scheduler first admitted it: queue time ends (16b)
     first_token_time: float | None = None
     finished_time: float | None = None
     hyps: list = field(default_factory=list)  # beam search: finished hypotheses (score, Sequence), best first

@@ -6,6 +6,7 @@
 __all__ = ['Scheduler', 'room']
 
 # %% ../../nbs/12_scheduler.ipynb #9bc57829
+import time
 from collections import deque
 
 from fastcore.basics import patch
@@ -298,6 +299,8 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int, num_se
                 continue
             break
         self.waiting.popleft()
+        if g.first_scheduled_time is None:  # (not again after a preemption)
+            g.first_scheduled_time = time.monotonic()
         for s in seqs:
             s.num_computed_tokens = self.bm.allocate(s.seq_id, s.token_ids(), not _wants_rows(s))  # hits: computed
             s.status = SequenceStatus.RUNNING
