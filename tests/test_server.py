@@ -319,9 +319,21 @@ def test_concurrent_streams_then_pool_free(server):
     server['engine'].engine.block_manager.check_invariants()
 
 
+def aborted(url: str) -> float:
+    "The server's count of aborted requests: paged_infer:request_success_total{finished_reason=\"abort\"}."
+    from prometheus_client.parser import text_string_to_metric_families
+    for fam in text_string_to_metric_families(httpx.get(url + '/metrics').text):
+        for s in fam.samples:
+            if s.name == 'paged_infer:request_success_total' and s.labels['finished_reason'] == 'abort':
+                return s.value
+    raise AssertionError('no request_success_total{finished_reason="abort"}')
+
+
 def test_disconnect_mid_stream_frees_blocks(server, client):
+    """A client that hangs up mid-stream: its request is aborted, its blocks freed, and it is counted as aborted."""
     body = {'model': NAME, 'prompt': 'Write a long story about a dragon.', 'max_tokens': 800, 'ignore_eos': True,
             'stream': True, 'temperature': 0}
+    before = aborted(server['url'])
     with httpx.stream('POST', server['url'] + '/v1/completions', json=body, timeout=60) as r:
         seen = 0
         for line in r.iter_lines():
@@ -334,6 +346,10 @@ def test_disconnect_mid_stream_frees_blocks(server, client):
     next(iter(stream)); next(iter(stream))
     stream.close()
     assert wait_pool_free(server['engine'], timeout=5)
+    t0 = time.monotonic()
+    while aborted(server['url']) < before + 2 and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert aborted(server['url']) == before + 2, 'each hung-up stream counted once as aborted'
 
 
 def test_disconnect_before_a_whole_answer_frees_blocks(server):
@@ -886,6 +902,9 @@ def test_a_full_queue_answers_503_and_loses_nothing():
                 assert getattr(e, 'status_code', 503) == 503
                 if isinstance(e, openai.APIStatusError):  # a 503 before any byte says when to come back
                     assert e.response.headers.get('retry-after') == '1', e.response.headers
+            from prometheus_client.parser import text_string_to_metric_families
+            fams = {f.name: f for f in text_string_to_metric_families(httpx.get(url + '/metrics').text)}
+            assert fams['paged_infer:request_rejected'].samples[0].value == len(refused), 'each refusal counted once'
             client = openai.OpenAI(base_url=url + '/v1', api_key='none')
             ok = client.completions.create(prompt='Hi', **body)
             assert ok.usage.completion_tokens == 24

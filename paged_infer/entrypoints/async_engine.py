@@ -42,6 +42,7 @@ class AsyncLLMEngine:
             raise ValueError(f'max_queued_requests must be at least 1, got {max_queued_requests}')
         self.max_queued_requests = max_queued_requests  # None: wait without bound
         self._adds = 0  # requests handed to the inbox that the engine thread has not added yet
+        self.num_rejected = 0  # requests refused by check_queue (the metric request_rejected)
         self._inbox = queue.SimpleQueue()  # ('add', args) / ('abort', request id), from any thread
         self._streams = {}  # request id -> (event loop, asyncio.Queue); touched by the engine thread only after adding
         self._lock = threading.Lock()
@@ -69,6 +70,7 @@ class AsyncLLMEngine:
     def check_queue(self, n: int = 1):
         "Raise QueueFullError if `n` more requests would make more than `max_queued_requests` wait."
         if self.max_queued_requests is not None and self.num_waiting + n > self.max_queued_requests:
+            self.num_rejected += 1
             raise QueueFullError(
                 f'{self.num_waiting} requests are waiting, and this server queues {self.max_queued_requests} at most: '
                 'retry later, or send the request to another replica'

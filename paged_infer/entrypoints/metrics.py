@@ -36,7 +36,7 @@ class EngineCollector:
     "Prometheus collector reading the engine's gauges, counters and tokens per step at scrape time."
 
     def __init__(self, async_engine: AsyncLLMEngine, model_name: str):
-        self.engine, self.model_name = async_engine.engine, model_name
+        self.async_engine, self.engine, self.model_name = async_engine, async_engine.engine, model_name
 
     def collect(self):
         s, m = self.engine.stats(), [self.model_name]
@@ -52,7 +52,8 @@ class EngineCollector:
             return c
 
         yield gauge('num_requests_running', 'Number of requests running on the GPU (in the batch).', s.num_running)
-        yield gauge('num_requests_waiting', 'Number of requests waiting to be processed.', s.num_waiting)
+        waiting = self.async_engine.num_waiting  # the scheduler's queue and the inbox that feeds it
+        yield gauge('num_requests_waiting', 'Number of requests waiting to be processed.', waiting)
         yield gauge('num_requests_swapped', 'Number of requests swapped to CPU memory.', s.num_swapped)
         yield gauge('kv_cache_usage_perc', 'KV-cache usage: 1 means 100 percent used.', s.kv_cache_usage)
         yield gauge('gpu_cache_usage_perc', 'GPU KV-cache usage (older name of kv_cache_usage_perc).', s.kv_cache_usage)
@@ -61,6 +62,8 @@ class EngineCollector:
         yield counter('prefix_cache_hits', 'Prompt tokens found in the prefix cache.', s.prefix_cache_hits)
         yield counter('prompt_tokens', 'Number of prefill tokens processed.', s.prompt_tokens)
         yield counter('generation_tokens', 'Number of generation tokens processed.', s.generation_tokens)
+        doc = 'Requests refused with a 503 because max_queued_requests requests were waiting.'
+        yield counter('request_rejected', doc, self.async_engine.num_rejected)
         doc = 'Histogram of number of tokens per engine_step.'
         yield histogram_family('iteration_tokens_total', doc, m, s.tokens_per_step, _ITERATION_BUCKETS)
 
@@ -136,8 +139,6 @@ class ServerMetrics:
                                registry=r)
         for reason in ('stop', 'length', 'abort'):
             self.success.labels(model_name, reason)  # zeros from the start, as vLLM's
-        doc = 'Requests refused with a 503 because max_queued_requests requests were waiting.'
-        self.rejected = Counter(METRIC_PREFIX + 'request_rejected', doc, ['model_name'], registry=r).labels(model_name)
         info = cache_config_info(engine)
         doc = 'Information of the LLMEngine CacheConfig'
         Gauge(METRIC_PREFIX + 'cache_config_info', doc, list(info), registry=r).labels(**info).set(1)
@@ -179,12 +180,6 @@ def observe(self: ServerMetrics, out):
         self.success.labels(self.model_name, c.finish_reason or 'abort').inc()
     if self.log_requests:
         REQUEST_LOG.info(json.dumps(request_record(out)))
-
-
-@patch
-def observe_rejected(self: ServerMetrics):
-    "Count a request refused because the queue was full (QueueFullError, a 503)."
-    self.rejected.inc()
 
 
 REQUEST_LOG = logging.getLogger('paged_infer.requests')

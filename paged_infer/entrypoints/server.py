@@ -135,12 +135,18 @@ class _Route:
     async def outputs(self, prompts: list, params: SamplingParams, rid: str):
         "merge() over one engine request per prompt; final outputs observed by the metrics."
         gens = [self.engine.generate(ids, params, f'{rid}-{i}') for i, ids in enumerate(prompts)]
-        seen = [{} for _ in prompts]
-        async for i, out in merge(gens):
-            self.metrics.observe_tokens(seen[i], out)
-            if out.finished:
-                self.metrics.observe(out)
-            yield i, out
+        seen, last = [{} for _ in prompts], [None] * len(prompts)
+        try:
+            async for i, out in merge(gens):
+                self.metrics.observe_tokens(seen[i], out)
+                last[i] = out
+                if out.finished:
+                    self.metrics.observe(out)
+                yield i, out
+        finally:  # a client that hung up, or a failure: what had begun is counted and logged as aborted
+            for out in last:
+                if out is not None and not out.finished:
+                    self.metrics.observe(out)
 
 # %% ../../nbs/16_server.ipynb #9b80230b
 def _usage_asked(req) -> tuple:
