@@ -39,7 +39,8 @@ def start_replica(port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, '-c', 'import sys; from paged_infer.entrypoints.cli import main; sys.exit(main())',
            'serve', '--host', '127.0.0.1', '--port', str(port), '--num-gpu-blocks-override', '128',
            '--max-model-len', '512', '--shutdown-grace-s', '60', '--uvicorn-log-level', 'warning']
-    return subprocess.Popen(cmd, stdout=open(log, 'a'), stderr=subprocess.STDOUT)
+    with open(log, 'a') as out:  # the child keeps its own copy of the file
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 180):
@@ -65,12 +66,24 @@ def nginx_conf(lb: int, a: int, b: int) -> str:
     return text
 
 
-def running(url: str) -> float:
-    "A replica's paged_infer:num_requests_running, read from its /metrics with prometheus_client's parser."
+def sample(url: str, name: str, **labels) -> float:
+    "A sample of a replica's /metrics, read with prometheus_client's parser."
     for fam in text_string_to_metric_families(httpx.get(url + '/metrics', timeout=5).text):
-        if fam.name == 'paged_infer:num_requests_running':
-            return fam.samples[0].value
-    raise AssertionError('no paged_infer:num_requests_running')
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise AssertionError(f'no {name} {labels}')
+
+
+def aborted(url: str) -> float:
+    return sample(url, 'paged_infer:request_success_total', finished_reason='abort')
+
+
+def draining(url: str) -> bool:
+    try:
+        return httpx.get(url + '/health', timeout=5).status_code == 503
+    except httpx.TransportError:
+        return False
 
 
 def upstream(headers) -> str:
@@ -121,18 +134,28 @@ def cluster(tmp_path):
     tmp_path.chmod(0o755)  # nginx's workers (user nobody) reach their temporary folders
     lb, a, b = free_port(), free_port(), free_port()
     urls = {a: f'http://127.0.0.1:{a}', b: f'http://127.0.0.1:{b}'}
-    procs = {p: start_replica(p, tmp_path / f'replica-{p}.log') for p in (a, b)}
-    (tmp_path / 'nginx.conf').write_text(nginx_conf(lb, a, b))
-    nginx = subprocess.Popen([NGINX, '-p', str(tmp_path), '-c', str(tmp_path / 'nginx.conf'), '-g', 'daemon off;'],
-                             stdout=open(tmp_path / 'nginx.log', 'w'), stderr=subprocess.STDOUT)
+    procs, nginx = {}, None
     c = dict(lb=f'http://127.0.0.1:{lb}', urls=urls, procs=procs, ports=(a, b), log=tmp_path)
     try:
+        for p in (a, b):
+            procs[p] = start_replica(p, tmp_path / f'replica-{p}.log')
+        (tmp_path / 'nginx.conf').write_text(nginx_conf(lb, a, b))
+        with open(tmp_path / 'nginx.log', 'w') as out:
+            nginx = subprocess.Popen([NGINX, '-p', str(tmp_path), '-c', str(tmp_path / 'nginx.conf'),
+                                      '-g', 'daemon off;'], stdout=out, stderr=subprocess.STDOUT)
         for p in (a, b):
             wait_ready(urls[p], procs[p])
         wait_ready(c['lb'], nginx, timeout=10)
         yield c
     finally:
-        for p in [nginx, *c['procs'].values()]:
+        if nginx is not None and nginx.poll() is None:
+            nginx.terminate()  # SIGTERM: the master stops its workers (a SIGKILL would leave them serving the port)
+            try:
+                nginx.wait(10)
+            except subprocess.TimeoutExpired:
+                nginx.kill()
+                nginx.wait()
+        for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -165,14 +188,16 @@ def test_two_replicas_behind_nginx(cluster):
         assert [chat(client, s)[0] for _ in range(3)] == [home[s]] * 3, s
     on = {p: [s for s, r in home.items() if r == addr[p]] for p in (a, b)}
 
-    # 3. A client that hangs up mid-stream through Nginx: the replica stops the request (it had 300 tokens to go).
+    # 3. A client that hangs up mid-stream through Nginx: the replica aborts the request (it had 300 tokens to go).
+    before = aborted(urls[a])
     with httpx.stream('POST', cluster['lb'] + '/v1/completions', timeout=60, headers={'X-Session-Id': on[a][0]},
                       json={'model': MODEL, 'prompt': 'Once', 'max_tokens': 300, 'ignore_eos': True, 'stream': True}) as r:
         assert upstream(r.headers) == addr[a]
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
-    wait_for(lambda: running(urls[a]) == 0, 15, 'the replica to drop the request of a client that hung up')
+    wait_for(lambda: aborted(urls[a]) == before + 1, 15, 'the replica to abort the request of a client that hung up')
+    wait_for(lambda: sample(urls[a], 'paged_infer:num_requests_running') == 0, 15, 'the request to leave the batch')
 
     # 4. Kill replica a while two streams run on each replica: a's streams fail, b's complete.
     streams = [Stream(client, s) for s in on[a][:2] + on[b][:2]]
@@ -202,7 +227,7 @@ def test_two_replicas_behind_nginx(cluster):
     st.start()
     wait_for(lambda: st.chunks >= 3, 60, 'the stream on b to begin')
     procs[b].send_signal(signal.SIGTERM)
-    wait_for(lambda: httpx.get(urls[b] + '/health', timeout=5).status_code == 503, 10, 'b to say it drains')
+    wait_for(lambda: draining(urls[b]), 10, 'b to say it drains')
     assert httpx.get(urls[b] + '/health', timeout=5).json()['error']['code'] == 'draining'
     for s in on[b][1:4]:
         assert chat(client, s)[0] == addr[a], s

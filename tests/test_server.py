@@ -910,6 +910,8 @@ def test_a_full_queue_answers_503_and_loses_nothing():
             assert ok.usage.completion_tokens == 24
             with pytest.raises(openai.BadRequestError, match='3 prompts in one request; this server queues 2 at most'):
                 client.completions.create(prompt=['a', 'b', 'c'], **body)  # it would never fit: a 400, not a 503
+            with pytest.raises(openai.BadRequestError, match='3 prompts in one request; this server queues 2 at most'):
+                client.embeddings.create(model=NAME, input=['a', 'b', 'c'])  # the same for embeddings
         assert engine.engine.block_manager.num_free_blocks == 64 and engine.num_waiting == 0
     finally:
         engine.shutdown()

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from ..core.errors import RequestError
 from ..core.sampling_params import PoolingParams, SamplingParamsError
+from .drain import check_room
 from .protocol import APIError, Str, Text, TokenIds, _Strict, integer
 from .streaming import collect
 
@@ -75,7 +76,7 @@ def _check(r, req: EmbeddingRequest, prompts: list):
         raise APIError(400, str(e), 'input') from None
     if not r.engine.is_running:
         raise APIError(503, 'the engine is not running')
-    r.engine.check_queue(len(prompts))
+    check_room(r.engine, len(prompts), 'input')  # a 400 if it could never fit, a 503 if the queue is full (16c)
     return params
 
 

@@ -182,6 +182,23 @@ def observe(self: ServerMetrics, out):
         REQUEST_LOG.info(json.dumps(request_record(out)))
 
 
+
+@patch
+async def follow(self: ServerMetrics, outputs, n: int):
+    "Pass on (i, RequestOutput) pairs of n requests, observed: tokens as they come, each request as it ends."
+    seen, last = [{} for _ in range(n)], [None] * n
+    try:
+        async for i, out in outputs:
+            self.observe_tokens(seen[i], out)
+            last[i] = out
+            if out.finished:
+                self.observe(out)
+            yield i, out
+    finally:  # a client that hung up, or a failure: a request that had begun is counted and logged as aborted
+        for out in last:
+            if out is not None and not out.finished:
+                self.observe(out)
+
 REQUEST_LOG = logging.getLogger('paged_infer.requests')
 
 

@@ -20,7 +20,7 @@ import paged_infer
 from ..core.errors import RequestError
 from ..core.sampling_params import SamplingParams, SamplingParamsError
 from .async_engine import AsyncLLMEngine, QueueFullError, RequestCutError
-from .drain import RETRY_AFTER, Drain, DrainGuard
+from .drain import RETRY_AFTER, Drain, DrainGuard, check_room
 from .metrics import ServerMetrics
 from .prompts import Prompts
 from paged_infer.entrypoints.protocol import (
@@ -126,27 +126,14 @@ class _Route:
             raise APIError(400, str(e), param) from None
         if not self.engine.is_running:
             raise APIError(503, 'the engine is not running')
-        bound = self.engine.max_queued_requests
-        if bound is not None and len(prompts) > bound:  # it would never fit: a 400, not a 503 to retry
-            raise APIError(400, f'{len(prompts)} prompts in one request; this server queues {bound} at most', 'prompt')
-        self.engine.check_queue(len(prompts))  # before a stream starts: a full queue is a 503 (16c)
+        check_room(self.engine, len(prompts), 'prompt')  # before a stream starts: 400 never fits, 503 full (16c)
         return params
 
     async def outputs(self, prompts: list, params: SamplingParams, rid: str):
         "merge() over one engine request per prompt; final outputs observed by the metrics."
         gens = [self.engine.generate(ids, params, f'{rid}-{i}') for i, ids in enumerate(prompts)]
-        seen, last = [{} for _ in prompts], [None] * len(prompts)
-        try:
-            async for i, out in merge(gens):
-                self.metrics.observe_tokens(seen[i], out)
-                last[i] = out
-                if out.finished:
-                    self.metrics.observe(out)
-                yield i, out
-        finally:  # a client that hung up, or a failure: what had begun is counted and logged as aborted
-            for out in last:
-                if out is not None and not out.finished:
-                    self.metrics.observe(out)
+        async for i, out in self.metrics.follow(merge(gens), len(prompts)):
+            yield i, out
 
 # %% ../../nbs/16_server.ipynb #9b80230b
 def _usage_asked(req) -> tuple:

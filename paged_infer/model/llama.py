@@ -227,7 +227,7 @@ class Attention(nn.Module):
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = q.view(T, self.num_heads, D), k.view(T, self.num_kv_heads, D), v.view(T, self.num_kv_heads, D)
-        if hasattr(self, 'q_norm'):  # each head normalized over its D features: one launch each on a GPU (new tensors)
+        if hasattr(self, 'q_norm'):  # each head normalized over its D features: rows of D, one fused norm each
             q = ops.add_rms_norm(q.reshape(-1, D), self.q_norm.weight, self.q_norm.eps).view(T, self.num_heads, D)
             k = ops.add_rms_norm(k.reshape(-1, D), self.k_norm.weight, self.k_norm.eps).view(T, self.num_kv_heads, D)
         q, k = ops.rotary(q, k, cos, sin)  # (T, Hq, D), (T, Hkv, D)
