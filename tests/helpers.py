@@ -1,4 +1,4 @@
-"""What the tests share: uvicorn serving an app in a background thread, on a loopback port."""
+"""What the tests share: uvicorn serving an app in a background thread, on a loopback port; a sample of /metrics."""
 import socket
 import threading
 import time
@@ -28,3 +28,14 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(10)
         self.sock.close()
+
+
+def metric(url: str, name: str, **labels) -> float:
+    "The value of sample `name` (with these label values) in a server's /metrics, read with prometheus_client's parser."
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    for fam in text_string_to_metric_families(httpx.get(url + '/metrics', timeout=5).text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise AssertionError(f'no {name} {labels} in {url}/metrics')

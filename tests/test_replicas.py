@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import metric
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / 'deploy' / 'nginx' / 'nginx.conf'
@@ -66,17 +67,8 @@ def nginx_conf(lb: int, a: int, b: int) -> str:
     return text
 
 
-def sample(url: str, name: str, **labels) -> float:
-    "A sample of a replica's /metrics, read with prometheus_client's parser."
-    for fam in text_string_to_metric_families(httpx.get(url + '/metrics', timeout=5).text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise AssertionError(f'no {name} {labels}')
-
-
 def aborted(url: str) -> float:
-    return sample(url, 'paged_infer:request_success_total', finished_reason='abort')
+    return metric(url, 'paged_infer:request_success_total', finished_reason='abort')
 
 
 def draining(url: str) -> bool:
@@ -197,7 +189,7 @@ def test_two_replicas_behind_nginx(cluster):
         for _ in range(6):
             next(lines)
     wait_for(lambda: aborted(urls[a]) == before + 1, 15, 'the replica to abort the request of a client that hung up')
-    wait_for(lambda: sample(urls[a], 'paged_infer:num_requests_running') == 0, 15, 'the request to leave the batch')
+    wait_for(lambda: metric(urls[a], 'paged_infer:num_requests_running') == 0, 15, 'the request to leave the batch')
 
     # 4. Kill replica a while two streams run on each replica: a's streams fail, b's complete.
     streams = [Stream(client, s) for s in on[a][:2] + on[b][:2]]

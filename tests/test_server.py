@@ -26,7 +26,7 @@ from paged_infer.entrypoints.async_engine import AsyncLLMEngine
 from paged_infer.entrypoints.llm import LLM
 from paged_infer.core.config import EngineConfig
 from paged_infer.core.sampling_params import SamplingParams
-from helpers import ServerThread
+from helpers import ServerThread, metric
 from paged_infer.entrypoints.server import build_app
 from paged_infer.entrypoints.tools import HERMES_TOOL_TEMPLATE
 
@@ -320,13 +320,7 @@ def test_concurrent_streams_then_pool_free(server):
 
 
 def aborted(url: str) -> float:
-    "The server's count of aborted requests: paged_infer:request_success_total{finished_reason=\"abort\"}."
-    from prometheus_client.parser import text_string_to_metric_families
-    for fam in text_string_to_metric_families(httpx.get(url + '/metrics').text):
-        for s in fam.samples:
-            if s.name == 'paged_infer:request_success_total' and s.labels['finished_reason'] == 'abort':
-                return s.value
-    raise AssertionError('no request_success_total{finished_reason="abort"}')
+    return metric(url, 'paged_infer:request_success_total', finished_reason='abort')
 
 
 def test_disconnect_mid_stream_frees_blocks(server, client):
@@ -902,9 +896,7 @@ def test_a_full_queue_answers_503_and_loses_nothing():
                 assert getattr(e, 'status_code', 503) == 503
                 if isinstance(e, openai.APIStatusError):  # a 503 before any byte says when to come back
                     assert e.response.headers.get('retry-after') == '1', e.response.headers
-            from prometheus_client.parser import text_string_to_metric_families
-            fams = {f.name: f for f in text_string_to_metric_families(httpx.get(url + '/metrics').text)}
-            assert fams['paged_infer:request_rejected'].samples[0].value == len(refused), 'each refusal counted once'
+            assert metric(url, 'paged_infer:request_rejected_total') == len(refused), 'each refusal counted once'
             client = openai.OpenAI(base_url=url + '/v1', api_key='none')
             ok = client.completions.create(prompt='Hi', **body)
             assert ok.usage.completion_tokens == 24
