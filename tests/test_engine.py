@@ -80,6 +80,17 @@ def test_a_mixed_batch(shared, async_scheduling):
 
 
 @ASYNC
+def test_tokens_per_step_counts_each_step_alone(async_scheduling):
+    "Overlapped steps finish one step while launching the next: each step's tokens are still counted as one step."
+    eng = LLMEngine(num_gpu_blocks=32, async_scheduling=async_scheduling)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11, 12]]
+    run(eng, prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    # one prefill step (12 prompt tokens and a first token each), then three decode steps of two tokens
+    assert eng.tokens_per_step == {14: 1, 2: 3}, eng.tokens_per_step
+    assert sum(n * k for n, k in eng.tokens_per_step.items()) == eng.num_prompt_tokens + eng.num_generation_tokens
+
+
+@ASYNC
 @pytest.mark.parametrize('mode', ['recompute', 'swap'])
 def test_b_preemption(shared, mode, async_scheduling):
     eng = LLMEngine(num_gpu_blocks=14, num_cpu_blocks=64, preemption_mode=mode, async_scheduling=async_scheduling)

@@ -149,6 +149,45 @@ def test_tokens_per_step_add_up_to_the_token_counters(run):
     assert all(x.value <= y.value for x, y in zip(buckets, buckets[1:])), 'cumulative buckets'
 
 
+def test_a_request_hung_up_on_while_it_waits_is_counted_and_logged_as_aborted(caplog):
+    """One sequence runs at a time. A stream runs, a second request waits behind it; its client gives up (a read
+    timeout) before it got any output, then the stream's client hangs up too. Both count as `abort` in
+    request_success and the end-to-end histogram, the waiting one never in the queue-time histogram (its wait never
+    ended), and the request log has a line for each, the waiting one with no output tokens."""
+    import logging
+
+    engine = AsyncLLMEngine.from_config(EngineConfig(num_gpu_blocks=64, max_num_seqs=1), max_wait_ms=1)
+    body = {'model': NAME, 'prompt': 'Write a long story about a dragon.', 'max_tokens': 800, 'ignore_eos': True}
+    try:
+        with ServerThread(build_app(engine, NAME, log_requests=True)) as url, caplog.at_level(
+                logging.INFO, logger='paged_infer.requests'):
+            before = scrape(url)
+            with httpx.stream('POST', url + '/v1/completions', json=body | {'stream': True}, timeout=60) as r:
+                events = (line for line in r.iter_lines() if line.startswith('data: '))
+                next(events)
+                next(events)  # the stream runs: the next request waits for its sequence slot
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(url + '/v1/completions', json=body, timeout=httpx.Timeout(60, read=1.0))
+                assert engine.engine.has_unfinished_requests()
+            deadline = time.monotonic() + 10
+            while engine.engine.has_unfinished_requests() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            after = scrape(url)
+            lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == 'paged_infer.requests']
+    finally:
+        engine.shutdown()
+    d = lambda family, sample=None, **labels: value(after, family, sample, **labels) - value(before, family, sample,
+                                                                                                 **labels)
+    assert d('request_success', 'request_success_total', finished_reason='abort') == 2
+    assert d('e2e_request_latency_seconds', 'e2e_request_latency_seconds_count') == 2
+    assert d('request_queue_time_seconds', 'request_queue_time_seconds_count') == 1, 'only the stream was scheduled'
+    assert d('request_prompt_tokens', 'request_prompt_tokens_count') == 2
+    assert sorted(rec['output_tokens'] for rec in lines)[0] == 0 and len(lines) == 2, lines
+    assert all(rec['finish_reasons'] == ['abort'] for rec in lines), lines
+    waited = min(lines, key=lambda rec: rec['output_tokens'])
+    assert waited['queue_s'] is None and waited['ttft_s'] is None and waited['e2e_s'] >= 0.9, waited
+
+
 def test_gauges_and_cache_config(run, server):
     a = run['after']
     assert value(a, 'num_requests_running') == 0 and value(a, 'num_requests_waiting') == 0

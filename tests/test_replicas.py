@@ -7,6 +7,7 @@ loses only the streams it was serving, and Nginx sends everything after to the o
 started again, takes its sessions back; a replica that drains (SIGTERM) finishes its stream while Nginx sends its
 sessions elsewhere, then exits 0.
 """
+import random
 import re
 import shutil
 import signal
@@ -31,9 +32,17 @@ MODEL = 'SmolLM2-135M-Instruct'
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range: a replica binds it only once its model is loaded, and meanwhile
+    no socket bound to port 0 and no outgoing connection (both drawn from that range) can take it."""
+    low = int(Path('/proc/sys/net/ipv4/ip_local_port_range').read_text().split()[0])
+    for port in random.sample(range(max(1024, low - 12000), low), 500):
+        with socket.socket() as s:
+            try:
+                s.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError('no free port below the ephemeral range')
 
 
 def start_replica(port: int, log: Path) -> subprocess.Popen:
@@ -124,7 +133,10 @@ def wait_for(cond, timeout: float, what: str):
 def cluster(tmp_path):
     "Two replicas and Nginx in front of them; everything killed at the end."
     tmp_path.chmod(0o755)  # nginx's workers (user nobody) reach their temporary folders
-    lb, a, b = free_port(), free_port(), free_port()
+    ports = set()
+    while len(ports) < 3:  # three different ones
+        ports.add(free_port())
+    lb, a, b = sorted(ports)
     urls = {a: f'http://127.0.0.1:{a}', b: f'http://127.0.0.1:{b}'}
     procs, nginx = {}, None
     c = dict(lb=f'http://127.0.0.1:{lb}', urls=urls, procs=procs, ports=(a, b), log=tmp_path)

@@ -404,13 +404,14 @@ def test_openapi_conformance():
 
 def test_cli_serve_logs_pool_and_drains_on_sigterm(tmp_path):
     """`paged-infer serve` in a subprocess: startup log with the KV pool, a request served; then SIGTERM during a stream:
-    /health answers 503 "draining" and a new request a 503 while the stream runs to its end; then exit 0."""
+    /health answers 503 "draining" and a new request a 503 while the stream runs to its end; then exit 0. With
+    --enable-log-requests, each request is one bare JSON line of the log."""
     with socket.socket() as sk:
         sk.bind(('127.0.0.1', 0)); port = sk.getsockname()[1]
     log = open(tmp_path / 'serve.log', 'w+')
     cmd = [sys.executable, '-c', 'import sys; from paged_infer.entrypoints.cli import main; sys.exit(main())', 'serve', '--host', '127.0.0.1',
            '--port', str(port), '--num-gpu-blocks-override', '64', '--max-model-len', '512', '--served-model-name', 'tiny',
-           '--api-key', KEY, '--uvicorn-log-level', 'warning']
+           '--api-key', KEY, '--uvicorn-log-level', 'warning', '--enable-log-requests']
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     auth = {'Authorization': f'Bearer {KEY}'}
     try:
@@ -445,6 +446,10 @@ def test_cli_serve_logs_pool_and_drains_on_sigterm(tmp_path):
     log.seek(0); text = log.read()
     assert 'KV pool: 64 blocks x 16 tokens = 1024 tokens' in text and 'engine stopped' in text, text
     assert 'SIGTERM: draining (1 running)' in text, text
+    records = [json.loads(line) for line in text.splitlines() if line.startswith('{')]  # --enable-log-requests
+    assert [r['finish_reasons'] for r in records] == [['length'], ['length']], text  # bare JSON lines, one a request
+    assert records[1]['output_tokens'] == 40 and not any('"request_id"' in line and not line.startswith('{')
+                                                         for line in text.splitlines()), text
 
 
 @pytest.mark.parametrize('steps', [1, 4], ids=['one-step', 'multi-step'])
@@ -897,6 +902,7 @@ def test_a_full_queue_answers_503_and_loses_nothing():
                 if isinstance(e, openai.APIStatusError):  # a 503 before any byte says when to come back
                     assert e.response.headers.get('retry-after') == '1', e.response.headers
             assert metric(url, 'paged_infer:request_rejected_total') == len(refused), 'each refusal counted once'
+            assert metric(url, 'paged_infer:request_success_total', finished_reason='abort') == 0, 'a refusal is no abort'
             client = openai.OpenAI(base_url=url + '/v1', api_key='none')
             ok = client.completions.create(prompt='Hi', **body)
             assert ok.usage.completion_tokens == 24

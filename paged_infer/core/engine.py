@@ -65,7 +65,7 @@ class LLMEngine(Postprocessor, BeamSearch):
         self.detoks: dict = {}  # seq id -> IncrementalDetokenizer
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        self.step_tokens: dict = {}  # tokens one step processed -> steps that did (the metrics, 16b)
+        self.tokens_per_step: dict = {}  # prompt + generation tokens of one launched step -> steps (metrics, 16b)
         self._ids = itertools.count()
 
 # %% ../../nbs/13_engine.ipynb #cf0b86eb
@@ -227,7 +227,6 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed (one each)."
     outputs, self.undelivered = self.undelivered, []
-    before = self.num_prompt_tokens + self.num_generation_tokens
     try:
         if self.config.async_scheduling and not self.sync_only:
             self._overlap_step(outputs)
@@ -240,9 +239,6 @@ def step(self: LLMEngine) -> list:
             pass  # the device itself failed: the error being raised says so
         self.undelivered = outputs
         raise
-    finally:
-        if n := self.num_prompt_tokens + self.num_generation_tokens - before:  # (a step that did nothing: no step)
-            self.step_tokens[n] = self.step_tokens.get(n, 0) + 1
     return _latest(outputs)
 
 
@@ -288,6 +284,7 @@ class InFlight:
     out: object  # SchedulerOutput
     sampled: list
     future: object = None
+    prompt_tokens: int = 0  # prompt tokens it computes (its generation tokens are counted when it is finished)
 
 
 @patch
@@ -340,6 +337,7 @@ def _release_if_idle(self: LLMEngine):
 def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
     "Start the step on the device; count its tokens as computed and its samples as pending."
     prev_future = prev.future if prev else None
+    before = self.num_prompt_tokens
     sampled, future = self.runner.launch(out.seqs, out.num_new_tokens, out.block_tables, prev_future, out.num_steps)
     for s, n in zip(out.seqs, out.num_new_tokens):
         if s.num_computed_tokens < s.num_prompt_tokens:
@@ -354,14 +352,18 @@ def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
             s.num_pending_tokens += 1
     chunks = [s for s, n in zip(out.seqs, out.num_new_tokens) if n > 1]  # decodes fill blocks at _finish
     self._cache_blocks(chunks)
-    return InFlight(out, sampled, future)
+    return InFlight(out, sampled, future, self.num_prompt_tokens - before)
 
 
 @patch
 def _finish(self: LLMEngine, f: InFlight) -> list:
     "Wait for a launched step's tokens, then postprocess it."
     samples = f.future.result() if f.future is not None else None
-    return self._postprocess(f.out, f.sampled, samples)
+    before = self.num_generation_tokens
+    outputs = self._postprocess(f.out, f.sampled, samples)
+    if n := f.prompt_tokens + self.num_generation_tokens - before:  # one step's tokens, even when steps overlap
+        self.tokens_per_step[n] = self.tokens_per_step.get(n, 0) + 1
+    return outputs
 
 # %% ../../nbs/13_engine.ipynb #17426b36
 def _random_states(engine: LLMEngine, seqs: list) -> list:
@@ -420,5 +422,5 @@ def stats(self: LLMEngine) -> EngineStats:
     s, bm = self.scheduler, self.block_manager
     queues = (len(s.running), len(s.waiting), len(s.swapped))
     cache = (bm.usage, bm.gpu.num_blocks, s.num_preemptions, bm.prefix_queries, bm.prefix_hits)
-    tokens = (self.num_prompt_tokens, self.num_generation_tokens, dict(self.step_tokens))
+    tokens = (self.num_prompt_tokens, self.num_generation_tokens, dict(self.tokens_per_step))
     return EngineStats(*queues, *cache, *tokens)

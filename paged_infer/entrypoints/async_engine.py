@@ -103,13 +103,14 @@ def _drain(self: AsyncLLMEngine, block: bool):
             rid, ids, params, arrival, priority, stream = arg
             self._streams[rid] = stream
             try:
-                self.engine.add_request(ids, params, rid, arrival, priority)
+                with self._lock:  # into the scheduler's queue and out of the inbox's count at once: counted once
+                    try:
+                        self.engine.add_request(ids, params, rid, arrival, priority)
+                    finally:
+                        self._adds -= 1
             except Exception as e:
                 self._send(rid, e)
                 self._send(rid, None)
-            finally:
-                with self._lock:  # once it is in the scheduler's queue: num_waiting never misses it in between
-                    self._adds -= 1
         elif kind == 'cut':
             for rid in list(self._streams):
                 self._send(rid, arg)

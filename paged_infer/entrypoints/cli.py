@@ -186,6 +186,7 @@ def cmd_serve(args) -> int:
 
     from paged_infer.entrypoints.async_engine import AsyncLLMEngine
     from paged_infer.entrypoints.drain import DrainingServer
+    from paged_infer.entrypoints.metrics import log_json_lines
     from paged_infer.core.engine import LLMEngine
     from paged_infer.entrypoints.server import build_app
 
@@ -200,6 +201,7 @@ def cmd_serve(args) -> int:
         f'({eng.max_concurrent_full_length:.1f} sequences of max_model_len at once)'
     )
     engine = AsyncLLMEngine(eng, max_wait_ms=args.scheduler_delay_ms, max_queued_requests=args.max_queued_requests)
+    request_log = log_json_lines() if args.enable_log_requests else None  # one JSON line per request (16b)
     app = build_app(
         engine,
         name,
@@ -221,6 +223,8 @@ def cmd_serve(args) -> int:
     finally:
         engine.shutdown()
         log.info('engine stopped')
+        if request_log is not None:
+            request_log.stop()
     return 0
 
 # %% ../../nbs/90_cli.ipynb #6fdc3bc1

@@ -69,8 +69,8 @@ def snapshot(engine) -> dict:
 
 # %% ../../nbs/16h_dashboard.ipynb #e357ac34
 def num_steps(engine) -> int:
-    "The steps that `engine` has run that processed tokens: the sum of its `step_tokens` counts."
-    return sum(dict(engine.step_tokens).values())  # a copy: the engine's thread may add a key meanwhile
+    "The steps that `engine` has run that processed tokens: the sum of its `tokens_per_step` counts."
+    return sum(dict(engine.tokens_per_step).values())  # a copy: the engine's thread may add a key meanwhile
 
 
 class Rates:

@@ -4,18 +4,24 @@
 
 # %% auto #0
 __all__ = ['METRIC_PREFIX', 'REQUEST_LOG', 'histogram_family', 'EngineCollector', 'cache_config_info', 'ServerMetrics',
-           'request_record']
+           'waiting_abort', 'request_record', 'log_json_lines']
 
 # %% ../../nbs/16b_metrics.ipynb #58db0b35
+import asyncio
+import dataclasses
 import json
 import logging
+import queue
+import sys
 import time
+from logging.handlers import QueueHandler, QueueListener
 
 from fastcore.basics import patch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from ..core.outputs import CompletionOutput, RequestOutput
 from .async_engine import AsyncLLMEngine
 
 # %% ../../nbs/16b_metrics.ipynb #84041e0a
@@ -183,9 +189,18 @@ def observe(self: ServerMetrics, out):
 
 
 
+def waiting_abort(request_id: str, prompt_ids: list, params, arrival: float) -> RequestOutput:
+    "A request aborted before its first output, as a final RequestOutput: no token, each choice's reason `abort`."
+    choices = [CompletionOutput(i, '', [], None, None, 'abort') for i in range(params.n)]
+    return RequestOutput(
+        request_id, None, prompt_ids, choices, True, arrival_time=arrival, finished_time=time.monotonic(), params=params
+    )
+
+
 @patch
-async def follow(self: ServerMetrics, outputs, n: int):
-    "Pass on (i, RequestOutput) pairs of n requests, observed: tokens as they come, each request as it ends."
+async def follow(self: ServerMetrics, outputs, requests: list, params):
+    "Pass on the (i, RequestOutput) pairs of `requests` ((id, prompt ids) each), observed, aborted ones too."
+    n, start, hung_up = len(requests), time.monotonic(), False
     seen, last = [{} for _ in range(n)], [None] * n
     try:
         async for i, out in outputs:
@@ -194,10 +209,15 @@ async def follow(self: ServerMetrics, outputs, n: int):
             if out.finished:
                 self.observe(out)
             yield i, out
-    finally:  # a client that hung up, or a failure: a request that had begun is counted and logged as aborted
-        for out in last:
-            if out is not None and not out.finished:
-                self.observe(out)
+    except (GeneratorExit, asyncio.CancelledError):
+        hung_up = True  # the client went away (a failure inside the engine raises something else)
+        raise
+    finally:  # a request that had begun, or one that waited when its client hung up, is counted and logged as aborted
+        for (rid, ids), out in zip(requests, last):
+            if out is None and hung_up:
+                self.observe(waiting_abort(rid, ids, params, start))
+            elif out is not None and not out.finished:
+                self.observe(dataclasses.replace(out, finished_time=time.monotonic()))  # it ends here
 
 REQUEST_LOG = logging.getLogger('paged_infer.requests')
 
@@ -215,6 +235,19 @@ def request_record(out) -> dict:
         e2e_s=since(out.finished_time),
         finish_reasons=[c.finish_reason or 'abort' for c in out.outputs],
     )
+
+
+def log_json_lines(logger: logging.Logger = REQUEST_LOG, stream=None) -> QueueListener:
+    "Send `logger`'s records to `stream` (stderr) as bare lines, written by a thread of their own; stop it when done."
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(logging.Formatter('%(message)s'))  # the JSON alone: one parseable line per request
+    q = queue.SimpleQueue()
+    logger.addHandler(QueueHandler(q))  # the event loop only puts the record on a queue
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # not again through the root handler, with its prefix
+    listener = QueueListener(q, handler)
+    listener.start()
+    return listener
 
 
 @patch

@@ -131,8 +131,9 @@ class _Route:
 
     async def outputs(self, prompts: list, params: SamplingParams, rid: str):
         "merge() over one engine request per prompt; final outputs observed by the metrics."
-        gens = [self.engine.generate(ids, params, f'{rid}-{i}') for i, ids in enumerate(prompts)]
-        async for i, out in self.metrics.follow(merge(gens), len(prompts)):
+        requests = [(f'{rid}-{i}', ids) for i, ids in enumerate(prompts)]
+        gens = [self.engine.generate(ids, params, r) for r, ids in requests]
+        async for i, out in self.metrics.follow(merge(gens), requests, params):
             yield i, out
 
 # %% ../../nbs/16_server.ipynb #9b80230b
