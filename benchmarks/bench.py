@@ -5,8 +5,9 @@
 The result goes to DIR/NAME.json. Without `--out-dir`, DIR is `benchmarks/results/<what>/<machine>`: <what> is the
 bench command (throughput, latency, serving) and <machine> is `h200` on an NVIDIA H200, the GPU's name in lower case
 on another GPU, else `cpu`. Without `--out`, NAME comes from the flags that tell runs apart:
-`<model or shape>_<workload>[_s<scale>]_n<requests>[_vs-hf<batch sizes>]` for throughput (plus `_sync`, `_eager`,
-`_tp<N>`, `_k<N>` where given), `..._rate<R>` for serving, `<model>_b<batch>_in<len>_out<len>` for latency.
+`<model or shape>_<workload>[_s<scale>]_n<requests>[_vs-hf<batch sizes>|_vs-vllm]` for throughput (plus `_sync`,
+`_eager`, `_tp<N>`, `_k<N>` where given), `..._rate<R>` for serving, `<model>_b<batch>_in<len>_out<len>[_vs-vllm]` for
+latency.
 An `--out` with a folder in it (`--out some/where/x.json`) is used as it is.
 
 The commands live in paged_infer.bench.cli (nbs/17c_bench_cli.ipynb); this file only forwards its arguments.
@@ -45,12 +46,15 @@ def result_name(kind: str, flags: list) -> str:
     p.add_argument('--no-async-scheduling', action='store_true')
     a, _ = p.parse_known_args(flags)
     model = a.shape or (Path(a.model).name.lower() if a.model else 'smollm2-135m')
+    vllm = {'vllm': '_vs-vllm', 'vllm-only': '_vllm-only'}.get(a.backend, '')
     if kind == 'latency':
-        return f'{model}_b{a.batch_size}_in{a.input_len}_out{a.output_len}.json'
+        return f'{model}_b{a.batch_size}_in{a.input_len}_out{a.output_len}{vllm}.json'
     name = f"{model}_{a.workload.removesuffix('-like')}" + (f'_s{a.scale}' if a.scale != '1' else '') + f'_n{a.num_requests}'
     if kind == 'serving':
         return f'{name}_rate{a.request_rate}.json'
-    if a.backend != 'engine':
+    if vllm:
+        name += vllm
+    elif a.backend != 'engine':
         name += f"_{'hf-only' if a.backend == 'hf-only' else 'vs-hf'}{a.hf_batch_size.replace(',', '-')}"
     if a.no_async_scheduling: name += '_sync'
     if a.enforce_eager: name += '_eager'

@@ -16,6 +16,7 @@ from .hf_baseline import _device
 from paged_infer.bench.offline import (
     BACKENDS,
     format_throughput,
+    latency_inputs,
     machine_info,
     run_latency,
     throughput_benchmark,
@@ -23,9 +24,19 @@ from paged_infer.bench.offline import (
     write_result,
 )
 from .serving import serving_benchmark
+from paged_infer.bench.vllm_peer import (
+    CPU_MEMORY_SHARE,
+    PYTHON_ENV,
+    PYTHONPATH_ENV,
+    PeerError,
+    check_peer,
+    vllm_latency,
+)
 from .workloads import SHAPES, WORKLOADS, BenchWorkload, make_random_model, make_workload
 from ..core.config import EngineConfig
 from ..core.engine import LLMEngine
+from ..model.default_model import DEFAULT_MODEL
+from ..model.weights import resolve_model
 
 # %% ../../nbs/17c_bench_cli.ipynb #e6b1a58a
 def _add_engine_flags(p):
@@ -86,6 +97,33 @@ def _add_workload_flags(p, default='sharegpt-like'):
     g.add_argument('--prefix-len', type=int, default=1024, help='shared-prefix: system prompt tokens (before scaling)')
     g.add_argument('--vocab-size', type=int, default=32000, help='random prompt ids are below this')
     g.add_argument('--workload-max-len', type=int, default=2048, help='prompt + output at most (before scaling)')
+
+
+def _add_peer_flags(p):
+    g = p.add_argument_group('vLLM side by side (--backend vllm, chapter 17e_vllm_peer)')
+    g.add_argument(
+        '--vllm-python', default=None, help=f'the Python where vllm imports (default: ${PYTHON_ENV}, else this)'
+    )
+    g.add_argument(
+        '--vllm-pythonpath', default=None, help=f"the peer's PYTHONPATH, e.g. /tmp/site (default: ${PYTHONPATH_ENV})"
+    )
+    g.add_argument(
+        '--vllm-gpu-memory-utilization',
+        type=float,
+        default=None,
+        help=f"vLLM's share of GPU memory, or of RAM on a CPU (default: --gpu-memory-utilization; {CPU_MEMORY_SHARE})",
+    )
+
+
+def _peer(args) -> dict:
+    "The peer's keywords from the flags: a --shape model or --load-format dummy gives vLLM random weights too."
+    dummy = args.shape or args.load_format == 'dummy'
+    return dict(
+        python=args.vllm_python,
+        pythonpath=args.vllm_pythonpath,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        load_format='dummy' if dummy else 'auto',
+    )
 
 
 def _add_common(p):
@@ -169,50 +207,77 @@ def _batch_sizes(text: str) -> list:
 
 # %% ../../nbs/17c_bench_cli.ipynb #7e3d986e
 def cmd_bench_throughput(args) -> int:
-    "paged-infer bench throughput: offline throughput, and Hugging Face side by side with --backend hf."
+    "paged-infer bench throughput: offline throughput, and Hugging Face or vLLM side by side (--backend hf, vllm)."
     try:
-        if args.backend != 'engine' and args.load_format == 'dummy':
+        if args.backend.startswith('hf') and args.load_format == 'dummy':
             raise ValueError('--load-format dummy has no checkpoint for Hugging Face to load: use --backend engine')
         sizes, w, config = _batch_sizes(args.hf_batch_size), workload_from_args(args), engine_config_from_args(args)
     except ValueError as e:
         return _fail(e)
     # each backend's line as it ends: a long run cut short keeps what it got
     report = lambda line: print(f'measured: {line}', file=sys.stderr, flush=True)
-    res = throughput_benchmark(w, config, args.backend, sizes, not args.no_progress, report)
+    try:
+        res = throughput_benchmark(w, config, args.backend, sizes, not args.no_progress, report, _peer(args))
+    except PeerError as e:  # no vLLM in the Python given, or its run gave no result
+        return _fail(e)
     return _finish(res, args, format_throughput(res))
 
 # %% ../../nbs/17c_bench_cli.ipynb #26e6f7db
 def cmd_bench_latency(args) -> int:
-    "paged-infer bench latency: prefill and per-decode-step time of one batch."
+    "paged-infer bench latency: prefill and per-decode-step time of one batch; vLLM's beside it with --backend vllm."
     if min(args.batch_size, args.input_len, args.num_iters) < 1 or args.output_len < 2:
         return _fail(ValueError('--batch-size, --input-len and --num-iters must be >= 1, --output-len >= 2'))
     try:
         config = engine_config_from_args(args)
-    except ValueError as e:
+        if args.backend != 'engine':  # before the engine's run, not after it
+            check_peer(args.vllm_python, args.vllm_pythonpath)
+    except (ValueError, PeerError) as e:
         return _fail(e)
-    engine = LLMEngine(config)
-    try:
-        warm_up(engine)
-        r = run_latency(
-            engine,
-            args.batch_size,
-            args.input_len,
-            args.output_len,
-            args.num_iters,
-            args.seed,
-            args.vocab_size,
-            not args.no_progress,
-        )
-    finally:
-        engine.shutdown()  # the other ranks' processes, with tensor parallelism
-    res = dict(kind='latency', engine_config=dataclasses.asdict(config), machine=machine_info()) | r
+    res = dict(kind='latency', engine_config=dataclasses.asdict(config), backend=args.backend, machine=machine_info())
+    head, text = f"batch {args.batch_size} x {args.input_len} prompt tokens, {args.output_len} output tokens", []
+    if args.backend != 'vllm-only':
+        engine = LLMEngine(config)
+        try:
+            warm_up(engine)
+            r = run_latency(
+                engine,
+                args.batch_size,
+                args.input_len,
+                args.output_len,
+                args.num_iters,
+                args.seed,
+                args.vocab_size,
+                not args.no_progress,
+            )
+        finally:
+            engine.shutdown()  # the other ranks' processes, with tensor parallelism
+        res |= r
+        text.append(f'{head}: {_latency_text(r)}')
+    if args.backend != 'engine':
+        batches = latency_inputs(args.batch_size, args.input_len, args.num_iters, args.seed, args.vocab_size)
+        try:  # the same prompts as the engine's
+            v = vllm_latency(
+                batches, args.output_len, config, resolve_model(config.model or DEFAULT_MODEL), **_peer(args)
+            )
+        except PeerError as e:
+            return _fail(e)
+        res['vllm'] = v
+        text.append(f"{'' if text else head + ', '}vllm {v['vllm_version']}: {_latency_text(v)}")
+        if 'decode_step_ms' in res:
+            res['vllm_ratio'] = res['decode_tokens_per_s'] / v['decode_tokens_per_s']
+            text.append(
+                f"ratio (engine / vLLM): decode tok/s {res['vllm_ratio']:.2f}x, "
+                f"end to end {v['e2e_s'] / res['e2e_s']:.2f}x as fast"
+            )
+    return _finish(res, args, '\n'.join(text))
+
+
+def _latency_text(r: dict) -> str:
     d = r['decode_step_ms']
-    text = (
-        f"batch {args.batch_size} x {args.input_len} prompt tokens, {args.output_len} output tokens: "
+    return (
         f"prefill {r['prefill_s'] * 1e3:.1f} ms; decode step mean {d['mean']:.2f} ms, median {d['median']:.2f} ms, "
         f"P99 {d['p99']:.2f} ms ({r['decode_tokens_per_s']:.1f} tok/s)"
     )
-    return _finish(res, args, text)
 
 # %% ../../nbs/17c_bench_cli.ipynb #d208e293
 def cmd_bench_serving(args) -> int:
@@ -257,8 +322,12 @@ def add_bench_parser(subparsers):
     _add_workload_flags(tp)
     _add_common(tp)
     tp.add_argument(
-        '--backend', default='engine', choices=BACKENDS, help="engine; hf: engine and Hugging Face, ratio; hf-only"
+        '--backend',
+        default='engine',
+        choices=BACKENDS,
+        help='engine; hf: engine and Hugging Face, ratio; hf-only; vllm: engine and real vLLM, ratio; vllm-only',
     )
+    _add_peer_flags(tp)
     tp.add_argument(
         '--hf-batch-size', default='16', help='static batch size, or a comma list to sweep (the best is compared)'
     )
@@ -271,6 +340,10 @@ def add_bench_parser(subparsers):
     lat.add_argument('--output-len', type=int, default=32)
     lat.add_argument('--num-iters', type=int, default=3)
     lat.add_argument('--vocab-size', type=int, default=32000, help='random prompt ids are below this')
+    lat.add_argument(
+        '--backend', default='engine', choices=('engine', 'vllm', 'vllm-only'), help='vllm: real vLLM beside, ratio'
+    )
+    _add_peer_flags(lat)
     lat.set_defaults(func=cmd_bench_latency)
     sv = sub.add_parser('serving', help='requests at a rate against a running server: TTFT, TPOT, ITL')
     sv.add_argument('--base-url', default='http://127.0.0.1:8000', help='the server (paged-infer serve)')
