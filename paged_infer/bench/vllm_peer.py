@@ -164,8 +164,8 @@ def main(argv=None) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     for k, v in _QUIET.items():
         os.environ.setdefault(k, v)
+    import vllm  # first: where it is missing, the error names it (a bare Python lacks torch too)
     import torch
-    import vllm
 
     t0 = time.perf_counter()
     llm = vllm.LLM(skip_tokenizer_init=True, **spec['llm'])  # token ids in, token ids out
