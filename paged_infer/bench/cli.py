@@ -87,6 +87,7 @@ def _add_engine_flags(p):
         choices=('auto', 'dummy'),
         help="'dummy': random weights made on the device (with --shape: no weights written)",
     )
+    g.add_argument('--speculative-config', default=None, help="speculative decoding: JSON in vLLM's keys (13d)")
 
 
 def _add_workload_flags(p, default='sharegpt-like'):
@@ -170,7 +171,7 @@ def engine_config_from_args(args) -> EngineConfig:
     )
     kw['enforce_eager'], kw['tensor_parallel_size'] = args.enforce_eager, args.tensor_parallel_size
     kw['async_scheduling'], kw['num_scheduler_steps'] = args.async_scheduling, args.num_scheduler_steps
-    kw['load_format'] = args.load_format
+    kw['load_format'], kw['speculative_config'] = args.load_format, args.speculative_config
     return EngineConfig(**kw)
 
 

@@ -23,6 +23,7 @@ from .outputs import EngineStats
 from .postprocess import Postprocessor
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
+from .spec_decode import SpeculativeDecoding, Speculator
 from .structured_outputs import Grammars
 from .sequence import Sequence
 from ..model.llama import ModelConfig
@@ -32,7 +33,7 @@ from ..worker.model_runner import ModelRunner, load_model
 from ..worker.profiling import block_bytes, fit_max_model_len, profile_num_gpu_blocks
 
 # %% ../../nbs/13_engine.ipynb #eb51ad41
-class LLMEngine(Postprocessor, BeamSearch):
+class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
     "A continuous-batching LLM engine: add requests, call `step` until they finish."
 
     def __init__(self, config: EngineConfig | None = None, **kwargs):
@@ -56,8 +57,12 @@ class LLMEngine(Postprocessor, BeamSearch):
             peers.send('init_runner', (n_blocks, c.block_size, n_cpu))
             self.runner.peers = peers
         if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
-            self.runner.capture_decode_graphs(graph_batch_sizes(c.max_num_seqs), self.max_model_len)  # chapter 11a
+            rows = c.max_num_seqs  # a decode row per sequence; with drafts (13d), up to 1 + k rows each, 512 at most
+            if c.speculative_config is not None:
+                rows = max(rows, min(512, rows * (1 + c.speculative_config.num_speculative_tokens)))
+            self.runner.capture_decode_graphs(graph_batch_sizes(rows), self.max_model_len)  # chapter 11a
         self.grammars = Grammars(self.tokenizer, mc.vocab_size)  # structured outputs (chapter 13c)
+        self.speculator = Speculator(c.speculative_config) if c.speculative_config else None  # chapter 13d
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
         self.inflight = None  # async scheduling: the step launched last, not postprocessed yet (an InFlight)
         self.undelivered: list = []  # outputs made by a step that then raised: the next step returns them
@@ -228,7 +233,9 @@ def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed (one each)."
     outputs, self.undelivered = self.undelivered, []
     try:
-        if self.config.async_scheduling and not self.sync_only:
+        if self.speculator is not None and self.speculator.active(self.scheduler.running):
+            self._speculative_step(outputs)  # chapter 13d
+        elif self.config.async_scheduling and not self.sync_only:
             self._overlap_step(outputs)
         else:
             self._normal_step(outputs)
@@ -337,8 +344,14 @@ def _release_if_idle(self: LLMEngine):
 def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
     "Start the step on the device; count its tokens as computed and its samples as pending."
     prev_future = prev.future if prev else None
-    before = self.num_prompt_tokens
     sampled, future = self.runner.launch(out.seqs, out.num_new_tokens, out.block_tables, prev_future, out.num_steps)
+    return self._launched(out, sampled, future)
+
+
+@patch
+def _launched(self: LLMEngine, out, sampled: list, future, drafted: dict | None = None) -> InFlight:
+    "Count a launched step's tokens as computed and its samples as pending (`drafted`: chapter 13d counts its own)."
+    before = self.num_prompt_tokens
     for s, n in zip(out.seqs, out.num_new_tokens):
         if s.num_computed_tokens < s.num_prompt_tokens:
             self.num_prompt_tokens += min(n, s.num_prompt_tokens - s.num_computed_tokens)
@@ -348,7 +361,7 @@ def _launch(self: LLMEngine, out, prev: InFlight | None = None) -> InFlight:
             s.num_computed_tokens += k - 1
             s.num_pending_tokens += k
     elif future is not None:
-        for s in future.rows:
+        for s in future.rows if not drafted else [s for s in future.rows if s not in drafted]:
             s.num_pending_tokens += 1
     chunks = [s for s, n in zip(out.seqs, out.num_new_tokens) if n > 1]  # decodes fill blocks at _finish
     self._cache_blocks(chunks)
@@ -423,4 +436,5 @@ def stats(self: LLMEngine) -> EngineStats:
     queues = (len(s.running), len(s.waiting), len(s.swapped))
     cache = (bm.usage, bm.gpu.num_blocks, s.num_preemptions, bm.prefix_queries, bm.prefix_hits)
     tokens = (self.num_prompt_tokens, self.num_generation_tokens, dict(self.tokens_per_step))
-    return EngineStats(*queues, *cache, *tokens)
+    spec = self.speculator.counts() if self.speculator is not None else None
+    return EngineStats(*queues, *cache, *tokens, spec_decode=spec)

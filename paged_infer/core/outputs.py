@@ -75,3 +75,4 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefills, chunks, recomputations)
     generation_tokens: int  # tokens sampled
     tokens_per_step: dict = field(default_factory=dict)  # prompt + generation tokens of one step -> steps
+    spec_decode: dict | None = None  # speculative decoding's counters (chapter 13d), when it is on

@@ -29,8 +29,9 @@ class Postprocessor:
     A mixin of `LLMEngine` (chapter 13), whose state it reads: `groups`, `detoks`, `scheduler`, `block_manager`,
     `runner`, `tokenizer`, `max_model_len` and the token counters."""
 
-    def _postprocess(self, out, sampled: list, samples) -> list:
-        "Append a step's tokens, free what finished; returns the outputs of the requests that changed."
+    def _postprocess(self, out, sampled: list, samples, verified: set | None = None) -> list:
+        """Append a step's tokens, free what finished; returns the outputs of the requests that changed.
+        `verified`: requests whose tokens speculative decoding appended already (chapter 13d)."""
         # `changed`: the requests that may have an output (a plain decode row's request only if it wants one now)
         changed = {self.groups[r] for r in out.preempted if r in self.groups}
         now = time.monotonic()
@@ -39,6 +40,9 @@ class Postprocessor:
             beams = set()
         else:
             ended, beams = self._append_rows(sampled, samples, now, changed)
+        if verified:
+            changed |= verified
+            ended = ended or any(s.is_finished for g in verified for s in g.seqs)
         for g in beams:
             self._beam_step(g)
         self._cache_blocks(out.seqs)  # 1. (again: the tokens just known may fill blocks)

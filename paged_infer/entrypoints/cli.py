@@ -127,6 +127,12 @@ def _add_run_args(p: argparse.ArgumentParser):
         default=1,
         help='multi-step: decode steps per schedule, in one launch (fewer host steps per token; streams in chunks)',
     )
+    p.add_argument(
+        '--speculative-config',
+        default=None,
+        help='speculative decoding, as JSON in vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (chapter 13d)',
+    )
 
 
 def add_engine_args(p: argparse.ArgumentParser):
@@ -161,6 +167,7 @@ def engine_config(args):
         async_scheduling=args.async_scheduling,
         num_scheduler_steps=args.num_scheduler_steps,
         load_format=args.load_format,
+        speculative_config=args.speculative_config,
     )
 
 # %% ../../nbs/90_cli.ipynb #cc0b4719

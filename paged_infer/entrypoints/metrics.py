@@ -72,6 +72,31 @@ class EngineCollector:
         yield counter('request_rejected', doc, self.async_engine.num_rejected)
         doc = 'Histogram of number of tokens per engine_step.'
         yield histogram_family('iteration_tokens_total', doc, m, s.tokens_per_step, _ITERATION_BUCKETS)
+        if s.spec_decode is not None:  # speculative decoding (chapter 13d): vLLM's spec_decode_* names
+            yield from _spec_decode_families(s.spec_decode, m)
+
+
+def _spec_decode_families(c: dict, m: list):
+    "Speculative decoding's counters, its acceptance rate, and acceptances by draft position."
+    docs = dict(
+        num_drafts='Number of spec decoding drafts.',
+        num_draft_tokens='Number of draft tokens.',
+        num_accepted_tokens='Number of accepted tokens.',
+        num_emitted_tokens='Number of emitted tokens (accepted, and one sampled after them, per draft).',
+    )
+    for name, doc in docs.items():
+        f = CounterMetricFamily(METRIC_PREFIX + 'spec_decode_' + name, doc, labels=['model_name'])
+        f.add_metric(m, c[name])
+        yield f
+    name, doc = METRIC_PREFIX + 'spec_decode_num_accepted_tokens_per_pos', 'Accepted tokens per draft position.'
+    f = CounterMetricFamily(name, doc, labels=['model_name', 'position'])
+    for pos, n in enumerate(c['accepted_per_pos']):
+        f.add_metric(m + [str(pos)], n)
+    yield f
+    name, doc = METRIC_PREFIX + 'spec_decode_draft_acceptance_rate', 'Speculative token acceptance rate.'
+    f = GaugeMetricFamily(name, doc, labels=['model_name'])
+    f.add_metric(m, c['num_accepted_tokens'] / c['num_draft_tokens'] if c['num_draft_tokens'] else 0.0)
+    yield f
 
 # %% ../../nbs/16b_metrics.ipynb #868384e3
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

@@ -265,6 +265,14 @@ def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: li
     Returns the sequences that sample a token and a StepFuture of their tokens (row i = sequence i), or None.
     `num_steps`: decodes run that many steps each (multi-step, below)."""
     host, sampled = self.host_batch(seqs, num_new_tokens, block_tables, prev)
+    return self.launch_batch(host, sampled, prev, num_steps)
+
+
+@patch
+@torch.inference_mode()
+def launch_batch(self: ModelRunner, host: HostBatch, sampled: list, prev: StepFuture | None = None,
+                 num_steps: list | None = None):
+    "`launch` for a host batch already built: `sampled[i]` samples from row `host.logits_indices[i]` (chapter 13d)."
     batch = self.sampling_batch(sampled) if sampled else None  # first: its copy to the GPU then waits for nothing
     if num_steps is not None:
         return sampled, self._launch_steps(host, sampled, batch, num_steps, prev)

@@ -1,0 +1,90 @@
+"""Where a speculative decoding step's time goes, on the host and waiting for the GPU, against a plain step.
+
+    python kernels/spec_step_profile.py [--ks 0,4,8] [--batch 1] [--out FILE.json]
+
+The default model, one copy-heavy chat prompt per sequence (greedy, 256 tokens). Each engine function of the step is
+wrapped in a wall-clock timer; the table gives milliseconds per step for each, the steps, the tokens per step, and how
+many forwards replayed a CUDA graph or ran eagerly.
+"""
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from paged_infer.core.engine import LLMEngine
+from paged_infer.core.sampling_params import SamplingParams
+
+PASSAGE = ('The river rose slowly through the night. By morning the lower fields were under water, and the farmers '
+           'moved their cattle to the hill behind the church, where the grass was thin but the ground was dry. ') * 3
+
+
+def wrap(obj, name, times, counts):
+    f = getattr(obj, name)
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            times[name] += time.perf_counter() - t0
+            counts[name] += 1
+
+    setattr(obj, name, timed)
+
+
+def profile(k: int, batch: int) -> dict:
+    spec = {'method': 'ngram', 'num_speculative_tokens': k, 'prompt_lookup_max': 4, 'prompt_lookup_min': 2} if k else None
+    eng = LLMEngine(device='cuda', max_num_seqs=max(8, batch), num_gpu_blocks=4096, speculative_config=spec)
+    tok = eng.tokenizer
+    prompt = tok.apply_chat_template([{'role': 'user', 'content': 'Repeat this passage exactly:\n\n' + PASSAGE}],
+                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    params = SamplingParams(temperature=0, max_tokens=256)
+    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=8))
+    while eng.has_unfinished_requests():
+        eng.step()
+    times, counts = defaultdict(float), defaultdict(int)
+    for name in ('_schedule', '_draft', '_postprocess', '_finish', '_finish_drafts', '_finish_inflight'):
+        if hasattr(eng, name):
+            wrap(eng, name, times, counts)
+    for name in ('host_batch', 'sampling_batch', 'run_batch', 'launch_batch'):
+        wrap(eng.runner, name, times, counts)
+    if eng.runner.graphs is not None:
+        wrap(eng.runner.graphs, 'run', times, counts)
+    for _ in range(batch):
+        eng.add_request(prompt, params)
+    steps, tokens = 0, 0
+    t0 = time.perf_counter()
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                tokens += len(o.outputs[0].token_ids)
+        steps += 1
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    out = dict(k=k, batch=batch, steps=steps, tokens=tokens, wall_ms_per_step=wall * 1e3 / steps,
+               ms_per_token=wall * 1e3 / tokens * batch, spec=eng.stats().spec_decode,
+               ms_per_step={n: times[n] * 1e3 / steps for n in times}, calls=dict(counts))
+    del eng
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--ks', default='0,4,8')
+    ap.add_argument('--batch', type=int, default=1)
+    ap.add_argument('--out', default=None)
+    a = ap.parse_args()
+    res = [profile(int(k), a.batch) for k in a.ks.split(',')]
+    for r in res:
+        print(json.dumps({x: (round(v, 3) if isinstance(v, float) else v) for x, v in r.items() if x != 'ms_per_step'}))
+        print('   ', {n: round(v, 3) for n, v in r['ms_per_step'].items()})
+    if a.out:
+        with open(a.out, 'w') as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()

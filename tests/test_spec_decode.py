@@ -1,0 +1,317 @@
+"""Speculative decoding (chapter 13d) changes how many steps a request takes, never what it says.
+
+Greedy output is token-identical to Hugging Face transformers with n-gram drafts, under preemption (recompute, swap),
+chunked prefill and prefix-cache hits; stop strings, `max_tokens`, logprobs and `n > 1` come out as without drafts;
+under sampling the tokens keep the model's distribution (a chi-square test that fails for a wrong acceptance rule);
+nothing leaks. Every test also checks that drafts were made and accepted, so that none passes with speculation idle.
+"""
+import dataclasses
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from paged_infer.bench.workloads import TOKENIZER_FILES
+from paged_infer.core.config import EngineConfigError, SpeculativeConfig
+from paged_infer.core.engine import LLMEngine
+from paged_infer.core.sampling_params import SamplingParams
+from paged_infer.core.spec_decode import SpeculativeDecoding
+from paged_infer.entrypoints.llm import LLM
+from paged_infer.model.default_model import prepare_default_model
+
+N_NEW = 32
+PASSAGE = ('A paged KV cache keeps each sequence in blocks of sixteen tokens, and a block table maps the positions of '
+           'a sequence to the blocks of one shared pool, so that no memory is reserved for tokens that never come.')
+COPY = [f'Repeat this passage exactly, word for word:\n\n{PASSAGE}',
+        'Copy this list as it is:\n1. apples\n2. pears\n3. plums\n4. cherries\n5. grapes']
+OTHER = ['What is the capital of France?', 'Write a short haiku about memory and forgetting, please.']
+SYSTEM = 'You are a careful copy editor. When asked to repeat a text, you repeat it exactly and add nothing else.'
+NGRAM = {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1}
+
+
+@pytest.fixture(scope='module')
+def shared():
+    "The tokenizer, chat prompts (copy-heavy and not) and Hugging Face's greedy references, computed once."
+    hf = AutoModelForCausalLM.from_pretrained(prepare_default_model(), dtype=torch.float32).eval()
+    tok = LLMEngine(num_gpu_blocks=8).tokenizer
+    chat = lambda q, sys=None: tok.apply_chat_template(([{'role': 'system', 'content': sys}] if sys else []) +
+                                                       [{'role': 'user', 'content': q}], add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False)
+
+    def ref(p):
+        out = hf.generate(torch.tensor([p]), max_new_tokens=N_NEW, do_sample=False, pad_token_id=tok.eos_token_id)
+        new = out[0, len(p):].tolist()
+        return new[: new.index(tok.eos_token_id) + 1] if tok.eos_token_id in new else new
+
+    prompts = [chat(q) for q in COPY + OTHER]
+    prefixed = [chat(q, SYSTEM) for q in COPY + OTHER]
+    return dict(tok=tok, prompts=prompts, refs=[ref(p) for p in prompts], prefixed=prefixed,
+                prefixed_refs=[ref(p) for p in prefixed])
+
+
+def run(engine, prompts, params, stagger=False) -> list:
+    "Every request's RequestOutput when finished; the pool checked after every step and whole at the end."
+    ids = []
+    for i, p in enumerate(prompts):
+        ids.append(engine.add_request(p, params))
+        if stagger and i == 0:  # the first prompt is computed (and cached) before the others arrive
+            engine.step()
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+        engine.block_manager.check_invariants()
+    bm = engine.block_manager
+    assert bm.num_free_blocks == engine.num_gpu_blocks and bm.cpu.num_free == bm.cpu.num_blocks, 'blocks leaked'
+    return [done[r] for r in ids]
+
+
+def accepted(engine) -> int:
+    return engine.stats().spec_decode['num_accepted_tokens']
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=N_NEW)  # (no min_tokens: its mask turns drafts off)
+CASES = {  # engine settings under which speculation must not change a token
+    'mixed': dict(num_gpu_blocks=128),
+    'recompute': dict(num_gpu_blocks=14, preemption_mode='recompute'),
+    'swap': dict(num_gpu_blocks=14, preemption_mode='swap', num_cpu_blocks=64),
+    'chunked': dict(num_gpu_blocks=128, enable_chunked_prefill=True, max_num_batched_tokens=24),
+}
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_greedy_matches_hf(shared, case):
+    eng = LLMEngine(speculative_config=NGRAM, **CASES[case])
+    outs = run(eng, shared['prompts'], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == shared['refs']
+    assert accepted(eng) > 0
+    if case in ('recompute', 'swap'):
+        assert eng.scheduler.num_preemptions > 0, 'the pool was meant to be too small'
+
+
+def test_greedy_with_prefix_cache_hits(shared):
+    eng = LLMEngine(num_gpu_blocks=128, enable_prefix_caching=True, speculative_config=NGRAM)
+    outs = run(eng, shared['prefixed'], GREEDY, stagger=True)
+    assert [o.outputs[0].token_ids for o in outs] == shared['prefixed_refs']
+    assert eng.block_manager.prefix_hits > 0 and accepted(eng) > 0
+
+
+def test_drafts_are_verified_as_decode_rows(shared):
+    "A step of decodes with drafts is a step of one-token rows: CUDA graphs can replay it (chapter 11a)."
+    eng = LLMEngine(num_gpu_blocks=64, speculative_config=NGRAM)
+    lens = []
+    launch = eng.runner.launch_batch
+
+    def spy(host, sampled, *a, **kw):
+        lens.append(list(host.query_lens))
+        return launch(host, sampled, *a, **kw)
+
+    eng.runner.launch_batch = spy
+    run(eng, shared['prompts'][:1], GREEDY)
+    assert any(len(q) > 1 and set(q) == {1} for q in lens), 'no decode step carried a draft'
+
+
+def test_max_tokens_cuts_an_accepted_run(shared):
+    params = SamplingParams(temperature=0, max_tokens=7)
+    eng = LLMEngine(num_gpu_blocks=64, speculative_config=dict(NGRAM, num_speculative_tokens=6))
+    (o,) = run(eng, shared['prompts'][:1], params)
+    assert o.outputs[0].token_ids == shared['refs'][0][:7] and o.outputs[0].finish_reason == 'length'
+    assert accepted(eng) > 0
+
+
+def summary(o) -> list:
+    return [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.cumulative_logprob) for c in o.outputs]
+
+
+@pytest.mark.parametrize('kind', ['stop', 'logprobs'])
+def test_stop_strings_and_logprobs_as_without_drafts(shared, kind):
+    tok = shared['tok']
+    word = tok.decode(shared['refs'][0][12:16]).strip().split()[0]  # a word the copy says after its start
+    params = {'stop': SamplingParams(temperature=0, max_tokens=N_NEW, stop=[word]),
+              'logprobs': SamplingParams(temperature=0, max_tokens=N_NEW, logprobs=3)}[kind]
+    plain = run(LLMEngine(num_gpu_blocks=128), shared['prompts'], params)
+    eng = LLMEngine(num_gpu_blocks=128, speculative_config=NGRAM)
+    fast = run(eng, shared['prompts'], params)
+    assert accepted(eng) > 0
+    for a, b in zip(plain, fast):
+        (ta, xa, fa, sa, la), (tb, xb, fb, sb, lb) = summary(a)[0], summary(b)[0]
+        assert (ta, xa, fa, sa) == (tb, xb, fb, sb)
+        if kind == 'logprobs':
+            assert lb == pytest.approx(la, abs=1e-3)
+            for pa, pb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+                assert pa.keys() == pb.keys()
+    if kind == 'stop':
+        assert plain[0].outputs[0].finish_reason == 'stop' and plain[0].outputs[0].stop_reason == word
+
+
+def test_parallel_sampling_drafts_for_each_sequence(shared):
+    params = SamplingParams(n=3, temperature=0.3, max_tokens=N_NEW, seed=7)
+    eng = LLMEngine(num_gpu_blocks=128, speculative_config=NGRAM)
+    (o,) = run(eng, shared['prompts'][:1], params)
+    assert len(o.outputs) == 3 and all(len(c.token_ids) == N_NEW for c in o.outputs)
+    assert eng.stats().spec_decode['num_drafts'] >= 3 and accepted(eng) > 0
+
+
+def test_disable_by_batch_size_turns_drafts_off(shared):
+    eng = LLMEngine(num_gpu_blocks=128, speculative_config=dict(NGRAM, disable_by_batch_size=2))
+    outs = run(eng, shared['prompts'], GREEDY)  # four at once: no drafts until two are left
+    assert [o.outputs[0].token_ids for o in outs] == shared['refs']
+    eng2 = LLMEngine(num_gpu_blocks=128, speculative_config=dict(NGRAM, disable_by_batch_size=1))
+    run(eng2, shared['prompts'][:1], GREEDY)
+    assert eng2.stats().spec_decode['num_drafts'] == 0
+
+
+def test_llm_takes_vllms_speculative_config(shared):
+    llm = LLM(num_gpu_blocks=64, speculative_config=NGRAM)
+    (out,) = llm.generate([{'prompt_token_ids': shared['prompts'][0]}], GREEDY, use_tqdm=False)
+    assert out.outputs[0].token_ids == shared['refs'][0]
+    assert llm.engine.stats().spec_decode['num_accepted_tokens'] > 0
+
+
+@pytest.mark.parametrize('bad,words', [
+    ({'method': 'eagle', 'num_speculative_tokens': 3}, 'not supported'),
+    ({'method': 'ngram'}, 'num_speculative_tokens'),
+    ({'method': 'ngram', 'num_speculative_tokens': 0}, '>= 1'),
+    ({'method': 'ngram', 'num_speculative_tokens': 2, 'prompt_lookup_min': 3, 'prompt_lookup_max': 2}, 'min <= max'),
+    ({'method': 'ngram', 'num_speculative_tokens': 2, 'lookahead': 1}, 'unknown key'),
+    ('{"method": "ngram", ', 'not valid JSON'),
+])
+def test_a_bad_speculative_config_is_named(bad, words):
+    with pytest.raises(EngineConfigError, match=words):
+        SpeculativeConfig.parse(bad)
+
+
+# --- under sampling: the tokens keep the model's distribution ---------------------------------------------------------
+
+V = 24  # a small vocabulary: every token's count is large enough for a chi-square test
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    """A random Llama of 24 tokens with peaked next-token distributions (the default model's tokenizer files beside
+    it), and a prompt of its own greedy continuation: n-gram drafts from it are often, not always, accepted."""
+    folder = tmp_path_factory.mktemp('tiny')
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.6, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # attention turned down: nearly a Markov chain, whose n-gram drafts are often right
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.2)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (prepare_default_model() / name).is_file():
+            shutil.copy(prepare_default_model() / name, folder / name)
+    start = torch.tensor([[7 * i % V for i in range(V)]])  # every token once: each has an n-gram to follow
+    prompt = model.generate(start, max_new_tokens=24, do_sample=False, pad_token_id=0)[0].tolist()
+    return folder, prompt
+
+
+def token_counts(tiny, speculative_config, num=1500, seed=0) -> tuple:
+    """How often each token is the 3rd and 4th of `num` sampled answers: with drafts, those are tokens of verified
+    steps (the 1st comes from the prefill, the 2nd is the first draft's input)."""
+    folder, prompt = tiny
+    eng = LLMEngine(model=str(folder), num_gpu_blocks=1024, max_num_seqs=256, max_num_batched_tokens=4096,
+                    speculative_config=speculative_config, seed=seed)
+    params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True)
+    outs = run(eng, [prompt] * num, params)
+    counts = torch.zeros(2, V, dtype=torch.float64)
+    for o in outs:
+        t = o.outputs[0].token_ids
+        counts[0, t[2]] += 1
+        counts[1, t[3]] += 1
+    return counts, eng
+
+
+def chi_square_p(a: torch.Tensor, b: torch.Tensor) -> float:
+    "p-value of the chi-square test that two count vectors come from one distribution (bins with counts only)."
+    keep = (a + b) > 0
+    table = torch.stack([a[keep], b[keep]])  # (2, bins)
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    x = ((table - expected) ** 2 / expected).sum()
+    df = torch.tensor((keep.sum().item() - 1) / 2, dtype=torch.float64)
+    return torch.special.gammaincc(df, x / 2).item()
+
+
+def always_accept_first(self, s, draft, samples, i):
+    "A wrong acceptance rule: the first draft token is taken whatever the model sampled there."
+    tokens = samples.token_ids.clone()
+    tokens[i] = draft[0]
+    return ACCEPT(self, s, draft, dataclasses.replace(samples, token_ids=tokens), i)
+
+
+ACCEPT = SpeculativeDecoding._accept
+
+
+def test_sampling_keeps_the_models_distribution(tiny, monkeypatch):
+    spec = {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 2, 'prompt_lookup_min': 1, 'min_gain': 0}
+    plain, _ = token_counts(tiny, None, seed=1)
+    fast, eng = token_counts(tiny, spec, seed=2)
+    c = eng.stats().spec_decode
+    assert c['num_drafts'] >= 1500 and 0.05 < c['num_accepted_tokens'] / c['num_draft_tokens'] < 0.9
+    for j in range(2):
+        assert chi_square_p(plain[j], fast[j]) > 1e-3, f'token {j + 3}: speculation changed the distribution'
+    monkeypatch.setattr(SpeculativeDecoding, '_accept', always_accept_first)
+    wrong, _ = token_counts(tiny, spec, seed=3)
+    assert chi_square_p(plain[0], wrong[0]) < 1e-6, 'the test cannot tell a wrong acceptance rule'
+
+
+# --- through the server: the official client, and the counters on /metrics ------------------------------------------
+
+def test_server_with_drafts_answers_as_without_and_counts_them():
+    "A chat answer through the official client is the same with drafts; /metrics reports them in vLLM's names."
+    import openai
+    from prometheus_client.parser import text_string_to_metric_families
+    import httpx
+
+    from helpers import ServerThread
+    from paged_infer.core.config import EngineConfig
+    from paged_infer.entrypoints.async_engine import AsyncLLMEngine
+    from paged_infer.entrypoints.server import build_app
+
+    messages = [{'role': 'user', 'content': COPY[0]}]
+    answers, counts = [], {}
+    for spec in (None, NGRAM):
+        config = EngineConfig(num_gpu_blocks=128, max_model_len=1024, max_num_seqs=8, speculative_config=spec)
+        engine = AsyncLLMEngine.from_config(config, max_wait_ms=5)
+        try:
+            with ServerThread(build_app(engine, 'm')) as url:
+                client = openai.OpenAI(base_url=url + '/v1', api_key='none')
+                r = client.chat.completions.create(model='m', messages=messages, max_tokens=N_NEW, temperature=0)
+                answers.append(r.choices[0].message.content)
+                text = httpx.get(url + '/metrics', timeout=10).text
+        finally:
+            engine.shutdown()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith('paged_infer:spec_decode_'):
+                counts[(s.name.removeprefix('paged_infer:spec_decode_'), s.labels.get('position'))] = s.value
+    assert answers[0] == answers[1]
+    drafts, drafted = counts[('num_drafts_total', None)], counts[('num_draft_tokens_total', None)]
+    acc, emitted = counts[('num_accepted_tokens_total', None)], counts[('num_emitted_tokens_total', None)]
+    assert 0 < acc <= drafted and acc < emitted <= acc + drafts  # a draft emits its accepted tokens and one (unless cut)
+    assert counts[('draft_acceptance_rate', None)] == pytest.approx(acc / drafted)
+    per_pos = [counts[('num_accepted_tokens_per_pos_total', str(j))] for j in range(NGRAM['num_speculative_tokens'])]
+    assert sum(per_pos) == acc and per_pos == sorted(per_pos, reverse=True)
+
+
+def test_drafting_pauses_while_it_gains_little_and_comes_back(shared):
+    """Sampled open answers accept few draft tokens: drafting pauses, while drafts made aside keep the gain measured.
+    Copies accept most: drafting comes back on its own, and the copies are HF's greedy tokens."""
+    eng = LLMEngine(num_gpu_blocks=128, speculative_config=dict(NGRAM, prompt_lookup_min=2, min_gain=0.5))
+    steps = 0
+    for p in shared['prompts'][2:]:
+        for i in range(3):
+            eng.add_request(p, SamplingParams(temperature=1.0, max_tokens=N_NEW, ignore_eos=True, seed=i))
+    while eng.has_unfinished_requests():
+        eng.step()
+        steps += 1
+    paused = eng.stats().spec_decode
+    assert paused['num_drafts'] < steps and eng.speculator.gain < 0.5, (paused, steps, eng.speculator.gain)
+    outs = run(eng, shared['prompts'][:2], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == shared['refs'][:2]
+    came_back = eng.stats().spec_decode
+    assert came_back['num_accepted_tokens'] - paused['num_accepted_tokens'] > N_NEW // 2, came_back
