@@ -27,7 +27,8 @@ COPY = [f'Repeat this passage exactly, word for word:\n\n{PASSAGE}',
         'Copy this list as it is:\n1. apples\n2. pears\n3. plums\n4. cherries\n5. grapes']
 OTHER = ['What is the capital of France?', 'Write a short haiku about memory and forgetting, please.']
 SYSTEM = 'You are a careful copy editor. When asked to repeat a text, you repeat it exactly and add nothing else.'
-NGRAM = {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1}
+NGRAM = {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1,
+         'disable_when_slower': False}  # (drafts in every step that can: the tests are of the drafting path)
 
 
 @pytest.fixture(scope='module')
@@ -247,7 +248,8 @@ ACCEPT = SpeculativeDecoding._accept
 
 
 def test_sampling_keeps_the_models_distribution(tiny, monkeypatch):
-    spec = {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 2, 'prompt_lookup_min': 1, 'min_gain': 0}
+    spec = {'method': 'ngram', 'num_speculative_tokens': 3, 'prompt_lookup_max': 2, 'prompt_lookup_min': 1,
+            'disable_when_slower': False}
     plain, _ = token_counts(tiny, None, seed=1)
     fast, eng = token_counts(tiny, spec, seed=2)
     c = eng.stats().spec_decode
@@ -298,10 +300,10 @@ def test_server_with_drafts_answers_as_without_and_counts_them():
     assert sum(per_pos) == acc and per_pos == sorted(per_pos, reverse=True)
 
 
-def test_drafting_pauses_while_it_gains_little_and_comes_back(shared):
-    """Sampled open answers accept few draft tokens: drafting pauses, while drafts made aside keep the gain measured.
-    Copies accept most: drafting comes back on its own, and the copies are HF's greedy tokens."""
-    eng = LLMEngine(num_gpu_blocks=128, speculative_config=dict(NGRAM, prompt_lookup_min=2, min_gain=0.5))
+def test_drafting_pauses_while_it_is_slower_and_comes_back(shared):
+    """Sampled open answers accept few draft tokens: drafting is measured slower and pauses, while drafts made aside
+    keep the gain measured. Copies accept most: drafting comes back on its own, and the copies are HF's greedy tokens."""
+    eng = LLMEngine(num_gpu_blocks=128, speculative_config=dict(NGRAM, prompt_lookup_min=2, disable_when_slower=True))
     steps = 0
     for p in shared['prompts'][2:]:
         for i in range(3):

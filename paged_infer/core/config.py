@@ -98,9 +98,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None  # longest n-gram matched
     prompt_lookup_min: int | None = None  # shortest n-gram matched
     disable_by_batch_size: int | None = None  # no drafts in a step of this many running sequences or more
-    # drafting pauses while fewer draft tokens than this are accepted per running sequence and step (a drafting step
-    # waits for its tokens, where a plain one overlaps the host's work with the GPU's); 0: never pauses
-    min_gain: float = 0.25
+    # draft only while drafting steps are measured to make tokens faster than plain ones at the batch size (a
+    # drafting step computes more rows and waits for its tokens; a plain one overlaps the host's work with the GPU's)
+    disable_when_slower: bool = True
 
     def __post_init__(self):
         if self.method != 'ngram':
@@ -115,8 +115,8 @@ class SpeculativeConfig:
             raise EngineConfigError('prompt_lookup_min and prompt_lookup_max: integers with 1 <= min <= max')
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise EngineConfigError('disable_by_batch_size must be >= 1')
-        if not (isinstance(self.min_gain, (int, float)) and self.min_gain >= 0):
-            raise EngineConfigError('min_gain must be a number >= 0')
+        if not isinstance(self.disable_when_slower, bool):
+            raise EngineConfigError('disable_when_slower must be true or false')
 
     @classmethod
     def parse(cls, value) -> 'SpeculativeConfig | None':

@@ -232,8 +232,10 @@ def _forget(self: LLMEngine, g: SequenceGroup):
 def step(self: LLMEngine) -> list:
     "Schedule, execute, postprocess; returns a RequestOutput for every request that changed (one each)."
     outputs, self.undelivered = self.undelivered, []
+    drafting = self.speculator is not None and self.speculator.active(self.scheduler.running)
+    t0, running, prompt_tokens = time.perf_counter(), len(self.scheduler.running), self.num_prompt_tokens
     try:
-        if self.speculator is not None and self.speculator.active(self.scheduler.running):
+        if drafting:
             self._speculative_step(outputs)  # chapter 13d
         elif self.config.async_scheduling and not self.sync_only:
             self._overlap_step(outputs)
@@ -246,6 +248,9 @@ def step(self: LLMEngine) -> list:
             pass  # the device itself failed: the error being raised says so
         self.undelivered = outputs
         raise
+    if self.speculator is not None:  # it measures both kinds of step (chapter 13d)
+        steady = self.num_prompt_tokens == prompt_tokens
+        self.speculator.observe(drafting, running, time.perf_counter() - t0, steady)
     return _latest(outputs)
 
 

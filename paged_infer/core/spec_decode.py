@@ -27,25 +27,31 @@ def ngram_propose(tokens: list, k: int, n_max: int, n_min: int) -> list:
     if k < 1 or L <= n_min:
         return []
     a = np.asarray(tokens, dtype=np.int64)
-    for n in range(min(n_max, L - 1), n_min - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(a[: L - 1], n)  # every n-gram with a token after it
-        hits = np.flatnonzero((windows == a[L - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n  # the latest occurrence: the nearest context
-            return a[start : start + k].tolist()
-    return []
+    ends = np.flatnonzero(a[: L - 1] == a[L - 1])  # earlier places of the last token: where a match can end
+    found = None
+    for n in range(1, min(n_max, L - 1) + 1):  # grow the match leftwards; the candidates only shrink
+        if n > 1:
+            ends = ends[ends >= n - 1]
+            ends = ends[a[ends - (n - 1)] == a[L - n]]
+        if ends.size == 0:
+            break
+        if n >= n_min:
+            found = int(ends[-1]) + 1  # the latest occurrence of the longest n so far: the nearest context
+    return [] if found is None else a[found : found + k].tolist()
 
 # %% ../../nbs/13d_spec_decode.ipynb #b907cea6
 class Speculator:
     """The n-gram proposer of a SpeculativeConfig, when to use it, and speculative decoding's counters (vLLM's
     metrics, chapter 16b)."""
 
-    smoothing = 0.25  # weight of the newest measurement in the running gain
+    smoothing = 0.25  # weight of the newest measurement in a running mean
     shadows_per_step = 2  # while paused: sequences drafted aside each step, to keep the gain measured
 
     def __init__(self, config: SpeculativeConfig):
         self.config = config
         self.gain = float('inf')  # running mean of the draft tokens accepted per running sequence and step
+        self.seconds = ({}, {})  # running mean of a step's seconds by batch size (its bit length): (plain, drafting)
+        self.last = None  # the mode of the step before (True: drafting), None after a step that computed a prompt
         self.shadows = {}  # while paused: Sequence -> (its length when drafted aside, the draft)
         self.turn = 0  # which running sequence is drafted aside next
         self.num_drafts = 0  # sequence-steps that carried a draft
@@ -56,15 +62,31 @@ class Speculator:
 
     def active(self, running: list) -> bool:
         """Whether the next step drafts, given the running SequenceGroups: not with `disable_by_batch_size` of them or
-        more; not while drafts gain less than `min_gain` tokens per running sequence and step."""
-        b = self.config.disable_by_batch_size
-        if b is not None and len(running) >= b:
+        more; with `disable_when_slower`, only while drafting steps are measured to make tokens faster than plain ones
+        at this batch size (each mode is tried once first)."""
+        n, b = len(running), self.config.disable_by_batch_size
+        if n == 0 or (b is not None and n >= b):
             return False
-        if self.gain >= self.config.min_gain:
-            self.shadows.clear()
+        if not self.config.disable_when_slower:
             return True
-        self._shadow([s for g in running for s in g.seqs if not s.is_finished])
-        return self.gain >= self.config.min_gain
+        plain, drafting = (t.get(n.bit_length()) for t in self.seconds)
+        if drafting is None or plain is None:
+            want = drafting is None
+        else:  # tokens a second: n (1 + gain) / drafting against n / plain
+            want = (1 + self.gain) * plain > drafting
+        if want:
+            self.shadows.clear()
+        else:
+            self._shadow([s for g in running for s in g.seqs if not s.is_finished])
+        return want
+
+    def observe(self, drafting: bool, num_running: int, seconds: float, steady: bool):
+        """Fold the wall time of a step into its mode's mean at its batch size: only a `steady` step (no prompt tokens)
+        that followed a step of the same mode (a switch finishes or refills the pipeline of overlapped steps)."""
+        if steady and drafting == self.last:
+            t, b, w = self.seconds[drafting], num_running.bit_length(), self.smoothing
+            t[b] = seconds if b not in t else (1 - w) * t[b] + w * seconds
+        self.last = drafting if steady else None
 
     def _shadow(self, seqs: list):
         """While paused, keep the gain measured without verifying anything: an n-gram draft is accepted exactly where

@@ -27,7 +27,8 @@ ASKS = ['Repeat this passage exactly, word for word:\n\nThe river rose slowly th
         'Copy this list as it is:\n1. apples\n2. pears\n3. plums\n4. cherries\n5. grapes',
         'What is the capital of France?', 'Write a short haiku about memory.']
 SYSTEM = 'You are a careful copy editor. When asked to repeat a text, you repeat it exactly and add nothing else.'
-SPEC = {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1, 'min_gain': 0}
+SPEC = {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1,
+        'disable_when_slower': False}
 RUNS = {  # name: (prompts, engine settings); a 'no drafts' run is the control of the runs on its prompts after it
     'no drafts': ('plain', dict(speculative_config=None)),
     'graphs': ('plain', {}),
