@@ -141,10 +141,11 @@ class Speculator:
 
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
 def can_speculate(s: Sequence) -> bool:
-    """Whether a decode of `s` may carry a draft: its newest token on the host, and nothing in its sampling that
-    reads the tokens before each position (penalties, logits processors, a grammar, the `min_tokens` mask, beams)."""
+    """Whether a decode of `s` may carry a draft: a sampled token already (the prompt's last row may be sampled
+    several times, or pooled), its newest token on the host, and nothing in its sampling that reads the tokens before
+    each position (penalties, logits processors, a grammar, the `min_tokens` mask, beams)."""
     p = s.params
-    if s.num_pending_tokens or s.num_uncomputed_tokens != 1 or s.grammar is not None:
+    if not s.num_output_tokens or s.num_pending_tokens or s.num_uncomputed_tokens != 1 or s.grammar is not None:
         return False
     penalties = p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
     if penalties or p.logits_processors or p.use_beam_search or p.structured_outputs is not None:
