@@ -317,3 +317,58 @@ def test_drafting_pauses_while_it_is_slower_and_comes_back(shared):
     assert [o.outputs[0].token_ids for o in outs] == shared['refs'][:2]
     came_back = eng.stats().spec_decode
     assert came_back['num_accepted_tokens'] - paused['num_accepted_tokens'] > N_NEW // 2, came_back
+
+
+# --- a draft model (chapter 13e) ---------------------------------------------------------------------------------
+
+DRAFT = {'model': str(prepare_default_model()), 'num_speculative_tokens': 4}  # the target as its own draft
+
+
+@pytest.mark.parametrize('case', ['recompute', 'swap', 'chunked', 'prefix'])
+def test_draft_model_keeps_hf_tokens_and_its_cache_in_step(shared, case):
+    """HF's greedy tokens; and with the target as its own draft, (almost) every draft accepted: the draft's cache held
+    the right keys and values through preemption, chunked prefill and prefix hits (a wrong one rejects drafts)."""
+    kw = dict(CASES[case] if case in CASES else CASES['mixed'], enable_prefix_caching=True)
+    if case in ('recompute', 'swap'):
+        kw['num_gpu_blocks'] = 12  # (fewer steps than without drafts: a smaller pool preempts)
+    prefixed = case == 'prefix'
+    prompts, refs = (shared['prefixed'], shared['prefixed_refs']) if prefixed else (shared['prompts'], shared['refs'])
+    eng = LLMEngine(speculative_config=DRAFT, **kw)
+    outs = run(eng, prompts, GREEDY, stagger=case == 'prefix')
+    assert [o.outputs[0].token_ids for o in outs] == refs
+    c = eng.stats().spec_decode
+    assert c['num_draft_tokens'] > 50 and c['num_accepted_tokens'] >= 0.95 * c['num_draft_tokens'], c
+    assert not eng.drafter.computed
+    if case in ('recompute', 'swap'):
+        assert eng.scheduler.num_preemptions > 0
+    if case == 'prefix':
+        assert eng.block_manager.prefix_hits > 0
+
+
+@pytest.fixture(scope='module')
+def tiny_draft(tiny, tmp_path_factory):
+    "Another random Llama of the tiny model's 24 tokens (another seed): a draft that is often wrong."
+    folder = tmp_path_factory.mktemp('tiny_draft')
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=256, initializer_range=0.6, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (tiny[0] / name).is_file():
+            shutil.copy(tiny[0] / name, folder / name)
+    return folder
+
+
+def test_draft_model_sampling_keeps_the_models_distribution(tiny, tiny_draft):
+    plain, _ = token_counts(tiny, None, seed=1)
+    fast, eng = token_counts(tiny, {'model': str(tiny_draft), 'num_speculative_tokens': 3}, seed=2)
+    c = eng.stats().spec_decode
+    assert c['num_drafts'] >= 1500 and 0 < c['num_accepted_tokens'] < c['num_draft_tokens'], c
+    for j in range(2):
+        assert chi_square_p(plain[j], fast[j]) > 1e-3, f'token {j + 3}: the draft model changed the distribution'
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(tiny_draft):
+    with pytest.raises(EngineConfigError, match='vocabulary'):
+        LLMEngine(num_gpu_blocks=16, speculative_config={'model': str(tiny_draft), 'num_speculative_tokens': 2})

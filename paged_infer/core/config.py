@@ -91,10 +91,11 @@ class EngineConfig:
 # %% ../../nbs/12a_config.ipynb #4fb2ee4f
 @dataclass
 class SpeculativeConfig:
-    "Speculative decoding in vLLM's keys: `num_speculative_tokens` drafted a step by n-gram prompt lookup."
+    "Speculative decoding in vLLM's keys: `num_speculative_tokens` drafted a step by n-gram lookup or a draft model."
 
-    method: str = 'ngram'
+    method: str = 'ngram'  # 'ngram' (prompt lookup) or 'draft_model' (`model` drafts; chapter 13e)
     num_speculative_tokens: int = 4
+    model: str | None = None  # the draft model (a name, folder or GGUF file, as EngineConfig.model), same vocabulary
     prompt_lookup_max: int | None = None  # longest n-gram matched
     prompt_lookup_min: int | None = None  # shortest n-gram matched
     disable_by_batch_size: int | None = None  # no drafts in a step of this many running sequences or more
@@ -103,8 +104,11 @@ class SpeculativeConfig:
     disable_when_slower: bool = True
 
     def __post_init__(self):
-        if self.method != 'ngram':
-            raise EngineConfigError(f"speculative method {self.method!r} is not supported: 'ngram' is")
+        if self.method not in ('ngram', 'draft_model'):
+            supported = "'ngram' and 'draft_model' are"
+            raise EngineConfigError(f'speculative method {self.method!r} is not supported: {supported}')
+        if (self.method == 'draft_model') != (self.model is not None):
+            raise EngineConfigError("a draft model is given as 'model', with method 'draft_model' (the default then)")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         self.prompt_lookup_min = lo = lo if lo is not None else (hi if hi is not None else 5)
         self.prompt_lookup_max = hi = hi if hi is not None else lo
@@ -131,9 +135,9 @@ class SpeculativeConfig:
         if not isinstance(value, dict):
             raise EngineConfigError('speculative_config must be a JSON object of vLLM keys')
         value = dict(value)
-        if 'model' in value:  # vLLM's draft-model form
-            raise EngineConfigError("speculative decoding with a draft model is not supported: use method 'ngram'")
-        if value.get('method', 'ngram') == 'ngram' and value.get('num_speculative_tokens') is None:
+        if value.get('model') is not None:  # vLLM's draft-model form
+            value.setdefault('method', 'draft_model')
+        if value.get('num_speculative_tokens') is None:
             raise EngineConfigError('speculative_config needs num_speculative_tokens')
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(value) - known):

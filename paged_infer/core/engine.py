@@ -17,12 +17,13 @@ from fastcore.basics import patch
 
 from ..cache.block_manager import BlockManager
 from .beam_search import BeamSearch
-from .config import EngineConfig
+from .config import EngineConfig, EngineConfigError
 from .errors import EngineFatalError, RequestError
 from .outputs import EngineStats
 from .postprocess import Postprocessor
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SequenceGroup
+from .draft_model import DraftModel
 from .spec_decode import SpeculativeDecoding, Speculator
 from .structured_outputs import Grammars
 from .sequence import Sequence
@@ -40,6 +41,7 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
         c = self.config = config or EngineConfig(**kwargs)
         peers = self._load_model()
         mc: ModelConfig = self.model.config
+        self.draft_model = self._load_draft_model()  # speculative decoding with a draft model (chapter 13e), or None
         self.max_model_len = min(c.max_model_len or mc.max_model_len, mc.max_model_len)
         budget = c.max_num_batched_tokens or (2048 if c.enable_chunked_prefill else self.max_model_len)
         n_blocks, n_cpu = self._pool_sizes(budget, peers)
@@ -56,6 +58,11 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
         if peers:
             peers.send('init_runner', (n_blocks, c.block_size, n_cpu))
             self.runner.peers = peers
+        self.drafter = None
+        if self.draft_model is not None:  # its pool mirrors the target's: the same blocks, the same orders (13e)
+            draft_runner = ModelRunner(self.draft_model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id)
+            self.runner.followers.append(draft_runner)
+            self.drafter = DraftModel(draft_runner)
         if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
             rows = c.max_num_seqs  # a decode row per sequence; with drafts (13d), up to 1 + k rows each, 512 at most
             if c.speculative_config is not None:
@@ -89,10 +96,27 @@ def _load_model(self: LLMEngine):
 
 
 @patch
+def _load_draft_model(self: LLMEngine):
+    "The draft model of a `speculative_config` with one (chapter 13e), checked against the target; else None."
+    c, sc = self.config, self.config.speculative_config
+    if sc is None or sc.model is None:
+        return None
+    draft, tokenizer = load_model(sc.model, c.dtype, c.device, load_format=c.load_format)
+    if draft.config.vocab_size != self.model.config.vocab_size:
+        raise EngineConfigError(
+            f'the draft model has a vocabulary of {draft.config.vocab_size} tokens, '
+            f'the target {self.model.config.vocab_size}: they must share one'
+        )
+    return draft
+
+
+@patch
 def _pool_sizes(self: LLMEngine, budget: int, peers) -> tuple:
     "(KV blocks on the device, swap blocks in CPU memory): fixed, profiled on a GPU (chapter 11b), or sized in GiB."
     c = self.config
     bb = block_bytes(self.model.config, c.block_size, next(self.model.parameters()).dtype)
+    if self.draft_model is not None:  # a draft model's pool has as many blocks (chapter 13e)
+        bb += block_bytes(self.draft_model.config, c.block_size, next(self.draft_model.parameters()).dtype)
     if c.num_gpu_blocks:
         n_blocks = c.num_gpu_blocks
     elif self.model.lm_head.weight.is_cuda:
@@ -100,6 +124,9 @@ def _pool_sizes(self: LLMEngine, budget: int, peers) -> tuple:
         if peers:
             peers.send('profile', profile)  # every rank runs the dummy step: it meets the others at the collectives
         n_blocks = profile_num_gpu_blocks(self.model, *profile)
+        if self.draft_model is not None:  # the profile sized the target's pool alone: share it with the draft's
+            target = block_bytes(self.model.config, c.block_size, next(self.model.parameters()).dtype)
+            n_blocks = n_blocks * target // bb
     else:
         n_blocks = int(c.kv_cache_memory_gb * 2**30 // bb)
     n_cpu = c.num_cpu_blocks if c.num_cpu_blocks is not None else int(c.swap_space_gb * 2**30 // bb)
@@ -235,8 +262,8 @@ def step(self: LLMEngine) -> list:
     drafting = self.speculator is not None and self.speculator.active(self.scheduler.running)
     t0, running, prompt_tokens = time.perf_counter(), len(self.scheduler.running), self.num_prompt_tokens
     try:
-        if drafting:
-            self._speculative_step(outputs)  # chapter 13d
+        if drafting or self.drafter is not None:  # (a draft model sees every step's tokens, 13e)
+            self._speculative_step(outputs, drafting)  # chapter 13d
         elif self.config.async_scheduling and not self.sync_only:
             self._overlap_step(outputs)
         else:
@@ -343,6 +370,8 @@ def _release_if_idle(self: LLMEngine):
     "With no request left, the kept sampling batch (chapter 11) holds nothing alive: let it go."
     if not self.groups:
         self.runner.last_sampling = None
+        if self.drafter is not None:
+            self.drafter.computed.clear()
 
 # %% ../../nbs/13_engine.ipynb #a3f2f470
 @patch

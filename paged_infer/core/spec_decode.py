@@ -67,8 +67,8 @@ class Speculator:
         n, b = len(running), self.config.disable_by_batch_size
         if n == 0 or (b is not None and n >= b):
             return False
-        if not self.config.disable_when_slower:
-            return True
+        if not self.config.disable_when_slower or self.config.method == 'draft_model':
+            return True  # (a draft model's drafts cannot be made aside for free: it drafts while allowed)
         plain, drafting = (t.get(n.bit_length()) for t in self.seconds)
         if drafting is None or plain is None:
             want = drafting is None
@@ -180,13 +180,14 @@ class SpeculativeDecoding:
     A mixin of `LLMEngine` (chapter 13): it reads `speculator`, `scheduler`, `runner`, `groups`, `detoks` and
     `max_model_len`, and runs the engine's `_schedule`, `_run`, `_launched`, `_finish` and `_postprocess`."""
 
-    def _speculative_step(self, outputs: list):
-        "One step, waited for: schedule, draft, launch the drafts with the rest, accept, postprocess."
+    def _speculative_step(self, outputs: list, drafting: bool = True):
+        """One step, waited for: schedule, draft, launch the drafts with the rest, accept, postprocess. With a draft
+        model every step comes here, `drafting` or not: it computes every token the target does (chapter 13e)."""
         outputs += self._finish_inflight()  # (a step the overlapped loop launched)
         out = self._schedule(outputs)
         if out is None:
             return
-        drafts = self._draft(out)
+        drafts = self._draft(out) if self.drafter is None else self._draft_with_model(out, drafting)
         if drafts:
             outputs += self._verify(out, drafts)
         elif (launched := self._run(out, outputs)) is not None:
@@ -198,25 +199,54 @@ class SpeculativeDecoding:
 def _draft(self: SpeculativeDecoding, out) -> dict:
     """Drafts for the step's decodes, within the token budget left and each sequence's room; their lookahead slots
     reserved and `out.num_new_tokens` grown by them. Returns {sequence: draft tokens}."""
-    sc = self.scheduler.config
-    budget = sc.max_num_batched_tokens - out.num_batched_tokens
-    if self.runner.graphs is not None:  # a step of decodes and drafts fits the largest graph: it replays (11a)
-        budget = min(budget, self.runner.graphs.sizes[-1] - out.num_batched_tokens)
-    spare = len(self.scheduler.running)
     drafts = {}
-    for i, (s, n) in enumerate(zip(out.seqs, out.num_new_tokens)):
-        if budget <= 0:
-            break
-        if n != 1 or not can_speculate(s):
-            continue
-        k = min(self.speculator.config.num_speculative_tokens, room(s, self.max_model_len) - 1, budget)
-        d = self.speculator.propose(s, k) if k > 0 else []
+    for i, s, k in self._may_draft(out):
+        d = self.speculator.propose(s, k)
         if d:
-            d = d[: self.scheduler.reserve_lookahead(s, len(d), out, spare)]
+            d = d[: self.scheduler.reserve_lookahead(s, len(d), out, len(self.scheduler.running))]
         if d:
             drafts[s] = d
             out.num_new_tokens[i] = 1 + len(d)
-            budget -= len(d)
+    return drafts
+
+
+@patch
+def _may_draft(self: SpeculativeDecoding, out):
+    """(index, sequence, at most how many draft tokens) for the step's decodes that may draft, within the token budget
+    left (and the largest CUDA graph), in turn: each is taken from the budget before the next is given."""
+    budget = self.scheduler.config.max_num_batched_tokens - out.num_batched_tokens
+    if self.runner.graphs is not None:  # a step of decodes and drafts fits the largest graph: it replays (11a)
+        budget = min(budget, self.runner.graphs.sizes[-1] - out.num_batched_tokens)
+    for i, (s, n) in enumerate(zip(out.seqs, out.num_new_tokens)):
+        if budget <= 0:
+            return
+        if n != 1 or not can_speculate(s):
+            continue
+        k = min(self.speculator.config.num_speculative_tokens, room(s, self.max_model_len) - 1, budget)
+        if k > 0:
+            before = out.num_new_tokens[i]
+            yield i, s, k
+            budget -= out.num_new_tokens[i] - before  # what was drafted
+
+
+@patch
+def _draft_with_model(self: SpeculativeDecoding, out, drafting: bool) -> dict:
+    """A draft model's drafts (chapter 13e): slots reserved first, the step's memory orders carried out on both pools,
+    then the draft model runs over the step's tokens and drafts for those that may (all, when `drafting`)."""
+    spare, wants = len(self.scheduler.running), {}
+    for i, s, k in self._may_draft(out) if drafting else ():
+        if k := self.scheduler.reserve_lookahead(s, k, out, spare):
+            wants[s] = k
+            out.num_new_tokens[i] = 1 + k  # (for the budget; set again below from what was drafted)
+    r = self.runner  # the orders first: the draft's forwards read and write those blocks (done once: lists emptied)
+    r.swap_out(out.blocks_to_swap_out)
+    r.swap_in(out.blocks_to_swap_in)
+    r.copy_blocks(out.blocks_to_copy)
+    out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy = [], [], []
+    plain = [1 if s in wants else n for s, n in zip(out.seqs, out.num_new_tokens)]
+    steps = dataclasses.replace(out, num_new_tokens=plain)  # the target's own tokens of this step
+    drafts = {s: d for s, d in self.drafter.step(steps, wants).items() if d}
+    out.num_new_tokens = [1 + len(drafts[s]) if s in drafts else n for s, n in zip(out.seqs, plain)]
     return drafts
 
 # %% ../../nbs/13d_spec_decode.ipynb #27e96af6

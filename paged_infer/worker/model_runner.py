@@ -117,6 +117,7 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs once captured (GPU only; see the end of this chapter)
         self.last_sampling = None  # (sampled sequences, SamplingBatch) of the last step, while it can serve the next
         self.peers = None  # tensor parallelism: the other ranks, told what to run (chapter 18)
+        self.followers = []  # runners whose pools mirror this one's block for block (a draft model's, chapter 13e)
 
 
 # %% ../../nbs/11_model_runner.ipynb #996f12ee
@@ -386,6 +387,8 @@ def copy_blocks(self: ModelRunner, pairs: list):
     "Carry out copy-on-write orders `(src, dst)` inside the KV pool."
     if not pairs:
         return
+    for f in self.followers:
+        f.copy_blocks(pairs)
     if self.peers is not None:
         self.peers.send('copy_blocks', pairs)
     src, dst = _pairs(pairs, self.device)
@@ -404,6 +407,8 @@ def swap_out(self: ModelRunner, pairs: list):
     "Copy blocks `(gpu, cpu)` from the KV pool to the swap pool."
     if not pairs:
         return
+    for f in self.followers:
+        f.swap_out(pairs)
     if self.peers is not None:
         self.peers.send('swap_out', pairs)
     src, dst = _pairs(pairs, 'cpu')
@@ -415,6 +420,8 @@ def swap_in(self: ModelRunner, pairs: list):
     "Copy blocks `(cpu, gpu)` from the swap pool back into the KV pool."
     if not pairs:
         return
+    for f in self.followers:
+        f.swap_in(pairs)
     if self.peers is not None:
         self.peers.send('swap_in', pairs)
     src, dst = _pairs(pairs, 'cpu')

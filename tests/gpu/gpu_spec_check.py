@@ -7,7 +7,9 @@ float32 exactly, chapter 15), copy-heavy and open chat prompts, greedy: against 
 beside Hugging Face float32 `generate` (counted, not asserted: near-ties may fall otherwise on the GPU).
 Engine runs with drafts: CUDA graphs (the default), eager, a pool small enough to preempt by swap and by recompute,
 chunked prefill with a small budget, prefix caching with a shared system prompt. Each must give those tokens, accept
-drafts, and leave its pool all free; with graphs, the verify steps must replay graphs (counted).
+drafts, and leave its pool all free; with graphs, the verify steps must replay graphs (counted). Then a draft model
+(chapter 13e): the target as its own draft, with graphs, swap preemption and prefix hits, must also accept 95% of its
+drafts or more (its cache held the right keys and values).
 """
 import argparse
 import json
@@ -38,6 +40,12 @@ RUNS = {  # name: (prompts, engine settings); a 'no drafts' run is the control o
     'chunked': ('plain', dict(enable_chunked_prefill=True, max_num_batched_tokens=32)),
     'no drafts, shared prefix': ('prefixed', dict(speculative_config=None)),
     'prefix': ('prefixed', {}),
+    # a draft model (chapter 13e): the target as its own draft, so that (almost) every draft is accepted if and only if
+    # the draft's cache is right
+    'draft model, graphs': ('plain', dict(speculative_config='draft')),
+    'draft model, swap': ('plain', dict(speculative_config='draft', num_gpu_blocks=16, preemption_mode='swap',
+                                        num_cpu_blocks=64)),
+    'draft model, shared prefix': ('prefixed', dict(speculative_config='draft')),
 }
 
 
@@ -64,7 +72,10 @@ def main():
     refs = {k: [ref(p) for p in v] for k, v in sets.items()}
     results, ok = {}, True
     control = {}
+    draft = {'model': str(folder), 'num_speculative_tokens': 4}
     for name, (which, kw) in RUNS.items():
+        if kw.get('speculative_config') == 'draft':
+            kw = kw | {'speculative_config': draft}
         t0 = time.perf_counter()
         eng = LLMEngine(device=a.device, dtype='float32', max_num_seqs=16,
                         **({'num_gpu_blocks': 256, 'speculative_config': SPEC} | kw))
@@ -97,6 +108,8 @@ def main():
         # otherwise on the GPU: reported beside)
         passed = same_as_control == len(want) and free and (c['num_accepted_tokens'] > 0 or 'no drafts' in name)
         passed = passed and (name not in ('graphs', 'prefix') or a.device == 'cpu' or verify_graphs > 0)
+        if name.startswith('draft model'):
+            passed = passed and c['num_accepted_tokens'] >= 0.95 * c['num_draft_tokens']
         ok &= passed
         results[name] = dict(identical=f'{same}/{len(want)}', same_as_no_drafts=f'{same_as_control}/{len(want)}',
                              first_diff_from_hf=diffs, tokens=got, hf=want, pool_free=free, spec=c, graph_replays=len(graph_rows),
