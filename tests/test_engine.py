@@ -681,3 +681,20 @@ def test_load_format_flags_reach_the_engine_config(tmp_path, capsys):
     assert main(['bench', 'throughput', '--shape', 'smollm2-135m', '--load-format', 'dummy', '--backend', 'hf',
                  '--model-dir', str(tmp_path / 'm')]) != 0
     assert 'no checkpoint for Hugging Face' in capsys.readouterr().err
+
+
+def test_forks_sharing_a_partly_filled_block_come_back_from_swap():
+    """Three forks of a one-token prompt share its block. Swapped out, they come back needing two copies, not three
+    (the last to write finds the block its own again): in a pool of exactly three blocks every choice gets all its
+    tokens, where an over-count cut the request as one that could never fit again (found by the property test above)."""
+    eng = LLMEngine(num_gpu_blocks=3, block_size=16, num_cpu_blocks=8, preemption_mode='swap',
+                    enable_prefix_caching=False, max_num_batched_tokens=32)
+    rid = eng.add_request([100], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=6))
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert eng.scheduler.num_preemptions > 0, 'the pool was meant to be too small for the first step of the forks'
+    assert [(c.finish_reason, len(c.token_ids)) for c in done[rid].outputs] == [('length', 6)] * 3
+    assert eng.block_manager.num_free_blocks == 3

@@ -6,6 +6,7 @@ under sampling the tokens keep the model's distribution (a chi-square test that 
 nothing leaks. Every test also checks that drafts were made and accepted, so that none passes with speculation idle.
 """
 import dataclasses
+import json
 import shutil
 
 import pytest
@@ -114,7 +115,7 @@ def test_drafts_are_verified_as_decode_rows(shared):
     assert any(len(q) > 1 and set(q) == {1} for q in lens), 'no decode step carried a draft'
 
 
-def test_max_tokens_cuts_an_accepted_run(shared):
+def test_drafts_never_pass_max_tokens(shared):
     params = SamplingParams(temperature=0, max_tokens=7)
     eng = LLMEngine(num_gpu_blocks=64, speculative_config=dict(NGRAM, num_speculative_tokens=6))
     (o,) = run(eng, shared['prompts'][:1], params)
@@ -215,7 +216,7 @@ def token_counts(tiny, speculative_config, num=1500, seed=0) -> tuple:
     """How often each token is the 3rd and 4th of `num` sampled answers: with drafts, those are tokens of verified
     steps (the 1st comes from the prefill, the 2nd is the first draft's input)."""
     folder, prompt = tiny
-    eng = LLMEngine(model=str(folder), num_gpu_blocks=1024, max_num_seqs=256, max_num_batched_tokens=4096,
+    eng = LLMEngine(model=str(folder), num_gpu_blocks=1024, max_num_seqs=128, max_num_batched_tokens=4096,
                     speculative_config=speculative_config, seed=seed)
     params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True)
     outs = run(eng, [prompt] * num, params)
@@ -253,7 +254,7 @@ def test_sampling_keeps_the_models_distribution(tiny, monkeypatch):
     plain, _ = token_counts(tiny, None, seed=1)
     fast, eng = token_counts(tiny, spec, seed=2)
     c = eng.stats().spec_decode
-    assert c['num_drafts'] >= 1500 and 0.05 < c['num_accepted_tokens'] / c['num_draft_tokens'] < 0.9
+    assert c['num_drafts'] >= 1200 and 0.05 < c['num_accepted_tokens'] / c['num_draft_tokens'] < 0.9
     for j in range(2):
         assert chi_square_p(plain[j], fast[j]) > 1e-3, f'token {j + 3}: speculation changed the distribution'
     monkeypatch.setattr(SpeculativeDecoding, '_accept', always_accept_first)
@@ -364,11 +365,19 @@ def test_draft_model_sampling_keeps_the_models_distribution(tiny, tiny_draft):
     plain, _ = token_counts(tiny, None, seed=1)
     fast, eng = token_counts(tiny, {'model': str(tiny_draft), 'num_speculative_tokens': 3}, seed=2)
     c = eng.stats().spec_decode
-    assert c['num_drafts'] >= 1500 and 0 < c['num_accepted_tokens'] < c['num_draft_tokens'], c
+    assert c['num_drafts'] >= 1200 and 0 < c['num_accepted_tokens'] < c['num_draft_tokens'], c
     for j in range(2):
         assert chi_square_p(plain[j], fast[j]) > 1e-3, f'token {j + 3}: the draft model changed the distribution'
 
 
-def test_a_draft_model_of_another_vocabulary_is_refused(tiny_draft):
+def test_a_draft_model_of_another_vocabulary_is_refused(tiny_draft, tmp_path):
+    "A draft whose tokenizer maps two tokens otherwise than the target's (swapped ids) is refused by name."
+    for f in tiny_draft.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    spec = json.loads((tmp_path / 'tokenizer.json').read_text())
+    vocab = spec['model']['vocab']
+    a, b = (next(w for w, i in vocab.items() if i == j) for j in (100, 101))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (tmp_path / 'tokenizer.json').write_text(json.dumps(spec))
     with pytest.raises(EngineConfigError, match='vocabulary'):
-        LLMEngine(num_gpu_blocks=16, speculative_config={'model': str(tiny_draft), 'num_speculative_tokens': 2})
+        LLMEngine(num_gpu_blocks=16, speculative_config={'model': str(tmp_path), 'num_speculative_tokens': 2})

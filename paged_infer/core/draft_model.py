@@ -15,8 +15,8 @@ class DraftModel:
     """A smaller model of the target's vocabulary that drafts greedily. Its KV pool mirrors the target's block for
     block: the same block tables, the same copy and swap orders (it follows the target's runner)."""
 
-    def __init__(self, runner: ModelRunner):
-        self.runner = runner
+    def __init__(self, runner: ModelRunner, num_tokens: int):
+        self.runner, self.num_tokens = runner, num_tokens  # the target's vocabulary: no draft token beyond it
         self.computed = {}  # seq id -> (Sequence, tokens whose keys and values the draft pool holds: a prefix)
 
     def step(self, out, wants: dict) -> dict:
@@ -65,4 +65,4 @@ class DraftModel:
         if not ids:
             return []
         logits = self.runner.run_batch(HostBatch(ids, pos, ctx, qlen, tables, rows))
-        return [] if logits is None else logits.argmax(-1).tolist()
+        return [] if logits is None else logits[:, : self.num_tokens].argmax(-1).tolist()

@@ -42,6 +42,11 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
         peers = self._load_model()
         mc: ModelConfig = self.model.config
         self.draft_model = self._load_draft_model()  # speculative decoding with a draft model (chapter 13e), or None
+        # rows a step samples at most: one per sequence; with drafts (13d), up to 1 + k each, 512 at most
+        self.max_sampled_rows = c.max_num_seqs
+        if c.speculative_config is not None:
+            k = c.speculative_config.num_speculative_tokens
+            self.max_sampled_rows = max(c.max_num_seqs, min(512, c.max_num_seqs * (1 + k)))
         self.max_model_len = min(c.max_model_len or mc.max_model_len, mc.max_model_len)
         budget = c.max_num_batched_tokens or (2048 if c.enable_chunked_prefill else self.max_model_len)
         n_blocks, n_cpu = self._pool_sizes(budget, peers)
@@ -62,12 +67,10 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
         if self.draft_model is not None:  # its pool mirrors the target's: the same blocks, the same orders (13e)
             draft_runner = ModelRunner(self.draft_model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id)
             self.runner.followers.append(draft_runner)
-            self.drafter = DraftModel(draft_runner)
+            self.drafter = DraftModel(draft_runner, mc.vocab_size)
         if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
-            rows = c.max_num_seqs  # a decode row per sequence; with drafts (13d), up to 1 + k rows each, 512 at most
-            if c.speculative_config is not None:
-                rows = max(rows, min(512, rows * (1 + c.speculative_config.num_speculative_tokens)))
-            self.runner.capture_decode_graphs(graph_batch_sizes(rows), self.max_model_len)  # chapter 11a
+            sizes = graph_batch_sizes(self.max_sampled_rows)
+            self.runner.capture_decode_graphs(sizes, self.max_model_len)  # chapter 11a
         self.grammars = Grammars(self.tokenizer, mc.vocab_size)  # structured outputs (chapter 13c)
         self.speculator = Speculator(c.speculative_config) if c.speculative_config else None  # chapter 13d
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished
@@ -102,10 +105,10 @@ def _load_draft_model(self: LLMEngine):
     if sc is None or sc.model is None:
         return None
     draft, tokenizer = load_model(sc.model, c.dtype, c.device, load_format=c.load_format)
-    if draft.config.vocab_size != self.model.config.vocab_size:
+    if tokenizer.get_vocab() != self.tokenizer.get_vocab():  # (vocab_size may differ: padding, as Qwen2.5's do)
         raise EngineConfigError(
-            f'the draft model has a vocabulary of {draft.config.vocab_size} tokens, '
-            f'the target {self.model.config.vocab_size}: they must share one'
+            f'the draft model\'s tokenizer ({len(tokenizer)} tokens) is not the target\'s ({len(self.tokenizer)}): '
+            'a draft model must share the target\'s vocabulary'
         )
     return draft
 
@@ -120,7 +123,7 @@ def _pool_sizes(self: LLMEngine, budget: int, peers) -> tuple:
     if c.num_gpu_blocks:
         n_blocks = c.num_gpu_blocks
     elif self.model.lm_head.weight.is_cuda:
-        profile = (budget, c.max_num_seqs, c.block_size, c.gpu_memory_utilization)
+        profile = (budget, self.max_sampled_rows, c.block_size, c.gpu_memory_utilization)
         if peers:
             peers.send('profile', profile)  # every rank runs the dummy step: it meets the others at the collectives
         n_blocks = profile_num_gpu_blocks(self.model, *profile)
@@ -261,6 +264,7 @@ def step(self: LLMEngine) -> list:
     outputs, self.undelivered = self.undelivered, []
     drafting = self.speculator is not None and self.speculator.active(self.scheduler.running)
     t0, running, prompt_tokens = time.perf_counter(), len(self.scheduler.running), self.num_prompt_tokens
+    generated = self.num_generation_tokens
     try:
         if drafting or self.drafter is not None:  # (a draft model sees every step's tokens, 13e)
             self._speculative_step(outputs, drafting)  # chapter 13d
@@ -276,7 +280,7 @@ def step(self: LLMEngine) -> list:
         self.undelivered = outputs
         raise
     if self.speculator is not None:  # it measures both kinds of step (chapter 13d)
-        steady = self.num_prompt_tokens == prompt_tokens
+        steady = self.num_prompt_tokens == prompt_tokens and self.num_generation_tokens != generated
         self.speculator.observe(drafting, running, time.perf_counter() - t0, steady)
     return _latest(outputs)
 

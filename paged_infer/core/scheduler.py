@@ -7,7 +7,7 @@ __all__ = ['Scheduler', 'room']
 
 # %% ../../nbs/12_scheduler.ipynb #9bc57829
 import time
-from collections import deque
+from collections import Counter, deque
 
 from fastcore.basics import patch
 
@@ -196,7 +196,11 @@ def _swap_in_need(self: Scheduler, seqs) -> int:
     "GPU blocks a swapped request takes back: its distinct blocks, and what its sequences' next tokens take."
     tables = self.bm.cpu_tables
     blocks = len({b for s in seqs for b in tables[s.seq_id].blocks})
-    return blocks + sum(self.bm.blocks_to_append(s.seq_id, s.num_tokens - tables[s.seq_id].num_tokens) for s in seqs)
+    grow = sum(self.bm.blocks_to_append(s.seq_id, s.num_tokens - tables[s.seq_id].num_tokens) for s in seqs)
+    # a partly filled last block that these sequences alone share: each copies it before writing, but the last one
+    # to write finds it its own again (ref count 1) and writes in place: one copy fewer than counted
+    shared = Counter(tables[s.seq_id].blocks[-1] for s in seqs if self.bm._needs_cow(tables[s.seq_id], self.bm.cpu))
+    return blocks + grow - sum(1 for b, m in shared.items() if self.bm.cpu.blocks[b].ref_count == m)
 
 
 @patch

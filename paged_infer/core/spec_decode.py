@@ -190,7 +190,10 @@ class SpeculativeDecoding:
         drafts = self._draft(out) if self.drafter is None else self._draft_with_model(out, drafting)
         if drafts:
             outputs += self._verify(out, drafts)
-        elif (launched := self._run(out, outputs)) is not None:
+            return self._release_if_idle()
+        if drafting:  # nothing to draft is no gain: the rule must see it, or it drafts on while nothing comes
+            self.speculator.step_done(len(out.seqs), 0)
+        if (launched := self._run(out, outputs)) is not None:
             outputs += self._finish(launched)
         self._release_if_idle()
 
@@ -215,8 +218,8 @@ def _may_draft(self: SpeculativeDecoding, out):
     """(index, sequence, at most how many draft tokens) for the step's decodes that may draft, within the token budget
     left (and the largest CUDA graph), in turn: each is taken from the budget before the next is given."""
     budget = self.scheduler.config.max_num_batched_tokens - out.num_batched_tokens
-    if self.runner.graphs is not None:  # a step of decodes and drafts fits the largest graph: it replays (11a)
-        budget = min(budget, self.runner.graphs.sizes[-1] - out.num_batched_tokens)
+    # the rows a step samples stay within what the memory profile and the largest CUDA graph allowed for (11a, 11b)
+    budget = min(budget, self.max_sampled_rows - out.num_batched_tokens)
     for i, (s, n) in enumerate(zip(out.seqs, out.num_new_tokens)):
         if budget <= 0:
             return
