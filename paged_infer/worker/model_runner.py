@@ -6,6 +6,7 @@
 __all__ = ['load_model', 'use_triton', 'HostBatch', 'StepInput', 'ModelRunner', 'StepFuture', 'rows_kept']
 
 # %% ../../nbs/11_model_runner.ipynb #8acb31c9
+import json
 from dataclasses import dataclass, field
 import operator
 from types import SimpleNamespace
@@ -20,19 +21,31 @@ from ..ops.sampler import Sampler, SamplerOutput, SamplingBatch
 from ..core.sequence import PENDING, Sequence
 from ..model.weights import dummy_weights, load_hf_config, load_tokenizer, load_weights, parse_dtype
 from ..model.weights import resolve_model
+from ..model.quantization import default_scheme, quant_scheme, quantize_linears, quantized_modules
+from ..model.quantization import use_quant_kernels
 from .cuda_graphs import DecodeGraphs
 
 
 # %% ../../nbs/11_model_runner.ipynb #95873c37
-def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', load_format='auto'):
+def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', load_format='auto',
+               quantization=None):
     """Model and tokenizer from a name, folder, GGUF file or hub id; float32 on the CPU, bfloat16 on a GPU by default.
-    `load_format='dummy'`: random weights of the folder's config (chapter 8's `dummy_weights`), for benchmarks."""
+    `load_format='dummy'`: random weights of the folder's config (chapter 8's `dummy_weights`), for benchmarks.
+    `quantization`: the checkpoint's own is read from its config (chapter 8b); 'fp8' quantizes float weights."""
     folder = resolve_model(name_or_path) if name_or_path else resolve_model()
     config = ModelConfig.from_hf(load_hf_config(folder))
     with torch.device('meta'):
         model = LlamaForCausalLM(config)
     if load_format not in ('auto', 'dummy'):
         raise ValueError(f"load_format {load_format!r}: 'auto' or 'dummy'")
+    hf = json.loads((folder / 'config.json').read_text())
+    if load_format == 'dummy' and quantization is not None and 'quantization_config' not in hf:
+        scheme, names = default_scheme(quantization), None  # random weights in that format, for benchmarks
+    else:
+        scheme = quant_scheme(hf, quantization)
+        names = None if scheme is None or scheme.method == 'fp8-online' else quantized_modules(folder)
+    if scheme is not None:
+        quantize_linears(model, scheme, names)
     if load_format == 'dummy':
         dummy_weights(model, parse_dtype(dtype, device), device)
     else:
@@ -51,6 +64,7 @@ def use_triton(model: LlamaForCausalLM) -> LlamaForCausalLM:
 
     model.attn_fn, model.store_fn = paged_attention_triton, store_kv_triton
     model.ops = LayerOps(add_rms_norm, rotary_embedding, silu_and_mul, fused_moe=fused_moe, moe_route=route_triton)
+    use_quant_kernels(model)  # quantized layers: chapter 15g's GEMMs
     return fuse_projections(model)
 
 

@@ -172,7 +172,12 @@ def shard_model(model: LlamaForCausalLM, sh: Shard, group) -> LlamaForCausalLM:
 def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', device='cpu'):
     "Rank `rank`'s slice of a model, and the tokenizer; like `load_model` (chapter 11) for one rank of `size`."
     folder = resolve_model(name_or_path) if name_or_path else resolve_model()
-    config = ModelConfig.from_hf(load_hf_config(folder))
+    hf = load_hf_config(folder)
+    if getattr(hf, 'quantization_config', None) is not None:
+        from paged_infer.model.quantization import UnsupportedQuantizationError
+
+        raise UnsupportedQuantizationError('quantized checkpoints are not supported with tensor parallelism')
+    config = ModelConfig.from_hf(hf)
     sh = make_shard(config, rank, size)
     with torch.device('meta'):
         model = shard_model(LlamaForCausalLM(config), sh, group)
