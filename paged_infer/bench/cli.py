@@ -88,6 +88,12 @@ def _add_engine_flags(p):
         help="'dummy': random weights made on the device (with --shape: no weights written)",
     )
     g.add_argument('--speculative-config', default=None, help="speculative decoding: JSON in vLLM's keys (13d)")
+    g.add_argument(
+        '--quantization',
+        default=None,
+        choices=('awq', 'gptq', 'compressed-tensors', 'fp8'),
+        help="the checkpoint's quantization (read from it by default); 'fp8' also quantizes float weights (8b)",
+    )
 
 
 def _add_workload_flags(p, default='sharegpt-like'):
@@ -172,6 +178,7 @@ def engine_config_from_args(args) -> EngineConfig:
     kw['enforce_eager'], kw['tensor_parallel_size'] = args.enforce_eager, args.tensor_parallel_size
     kw['async_scheduling'], kw['num_scheduler_steps'] = args.async_scheduling, args.num_scheduler_steps
     kw['load_format'], kw['speculative_config'] = args.load_format, args.speculative_config
+    kw['quantization'] = args.quantization
     return EngineConfig(**kw)
 
 

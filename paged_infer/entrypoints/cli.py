@@ -106,6 +106,12 @@ def _add_run_args(p: argparse.ArgumentParser):
     p.add_argument(
         '--load-format', default='auto', choices=('auto', 'dummy'), help="'dummy': random weights (benchmarks)"
     )
+    p.add_argument(
+        '--quantization',
+        default=None,
+        choices=('awq', 'gptq', 'compressed-tensors', 'fp8'),
+        help="the checkpoint's quantization (read from it by default); 'fp8' also quantizes float weights (8b)",
+    )
     p.add_argument('--enforce-eager', action='store_true', help='on a GPU, run decode steps eagerly (no CUDA graphs)')
     p.add_argument(
         '--tensor-parallel-size',
@@ -167,6 +173,7 @@ def engine_config(args):
         async_scheduling=args.async_scheduling,
         num_scheduler_steps=args.num_scheduler_steps,
         load_format=args.load_format,
+        quantization=args.quantization,
         speculative_config=args.speculative_config,
     )
 

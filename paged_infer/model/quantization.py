@@ -9,7 +9,7 @@ __all__ = ['FP8', 'FP8_MAX', 'AWQ_ORDER', 'PARSERS', 'METHODS', 'CONVERTERS', 'Q
            'quantize_fp8_rows', 'fp8_activations', 'QuantLinear', 'default_scheme', 'quantized_modules',
            'quantize_linears', 'use_quant_kernels']
 
-# %% ../../nbs/08b_quantization.ipynb #f46c0583
+# %% ../../nbs/08b_quantization.ipynb #1fd22d31
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ from torch import nn
 from .moe import module_name
 from .weights import WeightLoadError, safetensors_files
 
-# %% ../../nbs/08b_quantization.ipynb #f8f5e5b3
+# %% ../../nbs/08b_quantization.ipynb #70093c31
 class UnsupportedQuantizationError(ValueError):
     "A quantization format, or an option of one, that this engine does not run (never silently wrong numbers)."
 
@@ -30,7 +30,7 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AWQ's nibble i holds column AWQ_ORDER[i] of its group of eight
 
-# %% ../../nbs/08b_quantization.ipynb #4f5e757e
+# %% ../../nbs/08b_quantization.ipynb #fa403c8b
 def pack_int32(values: torch.Tensor, bits: int, dim: int = 0) -> torch.Tensor:
     "Pack unsigned `bits`-bit integers, 32 // bits to an int32 along `dim`: element i of a word sits at bit bits * i."
     per = 32 // bits
@@ -50,7 +50,7 @@ def unpack_int32(packed: torch.Tensor, bits: int, dim: int = 0) -> torch.Tensor:
     v = (p.unsqueeze(1) >> shifts) & mask  # (n / per, per, ...): the arithmetic shift's sign bits are masked off
     return v.reshape(-1, *p.shape[1:]).movedim(0, dim)
 
-# %% ../../nbs/08b_quantization.ipynb #e0dba89e
+# %% ../../nbs/08b_quantization.ipynb #7b34e1fb
 @dataclass
 class QuantScheme:
     "How a checkpoint stores its quantized linear layers, and how their activations are treated."
@@ -67,7 +67,7 @@ class QuantScheme:
         if self.kind == 'int' and self.bits not in (4, 8):
             raise UnsupportedQuantizationError(f'{self.method}: {self.bits}-bit weights (4 and 8 are supported)')
 
-# %% ../../nbs/08b_quantization.ipynb #06367a22
+# %% ../../nbs/08b_quantization.ipynb #698ec10e
 def _awq(q: dict) -> QuantScheme:
     version = str(q.get('version', 'gemm')).lower()
     if version != 'gemm':
@@ -95,7 +95,7 @@ def _fp8(q: dict) -> QuantScheme:
     scheme = q.get('activation_scheme', 'dynamic')
     return QuantScheme('fp8', 'fp8', 8, act_scale='token' if scheme == 'dynamic' else 'tensor')
 
-# %% ../../nbs/08b_quantization.ipynb #edd8f08d
+# %% ../../nbs/08b_quantization.ipynb #3cf30356
 def _compressed_tensors(q: dict) -> QuantScheme:
     fmt = q.get('format')
     groups = [g for g in (q.get('config_groups') or {}).values()]
@@ -124,7 +124,7 @@ def _compressed_tensors(q: dict) -> QuantScheme:
         return QuantScheme('compressed-tensors', 'fp8', 8, act_scale=act)
     raise UnsupportedQuantizationError(f'compressed-tensors format {fmt!r} with weights {w} and activations {a}')
 
-# %% ../../nbs/08b_quantization.ipynb #fce2ee51
+# %% ../../nbs/08b_quantization.ipynb #2403ff1f
 PARSERS = {'awq': _awq, 'gptq': _gptq, 'fp8': _fp8, 'compressed-tensors': _compressed_tensors}
 METHODS = ('awq', 'gptq', 'compressed-tensors', 'fp8')  # what `--quantization` accepts
 
@@ -145,7 +145,7 @@ def quant_scheme(hf_config: dict, quantization: str | None = None) -> QuantSchem
         raise UnsupportedQuantizationError(f'quant_method {method!r}: one of {", ".join(PARSERS)} is supported')
     return PARSERS[method](q)
 
-# %% ../../nbs/08b_quantization.ipynb #7f2509ef
+# %% ../../nbs/08b_quantization.ipynb #c5d83ee4
 def _need(raw: dict, names: list[str], where: str) -> list:
     missing = [n for n in names if n not in raw]
     if missing:
@@ -162,7 +162,7 @@ def _group_order(g_idx: torch.Tensor | None, K: int, group: int) -> torch.Tensor
         raise UnsupportedQuantizationError(f'g_idx whose groups are not all {group} input features long')
     return perm
 
-# %% ../../nbs/08b_quantization.ipynb #0ff87177
+# %% ../../nbs/08b_quantization.ipynb #bc5709c7
 def int_from_awq(raw: dict, s: QuantScheme, K: int, N: int, where: str) -> tuple:
     "AutoAWQ's GEMM layout: qweight (K, N/8) and qzeros (G, N/8) packed along N in AWQ's order; scales (G, N)."
     qweight, qzeros, scales = _need(raw, ['qweight', 'qzeros', 'scales'], where)
@@ -198,7 +198,7 @@ def int_from_compressed(raw: dict, s: QuantScheme, K: int, N: int, where: str) -
         u = u[:, perm]
     return pack_int32(u.T, s.bits, 0), scale.T, z.T, perm
 
-# %% ../../nbs/08b_quantization.ipynb #d40af3e8
+# %% ../../nbs/08b_quantization.ipynb #d2815a8e
 def fp8_from_checkpoint(raw: dict, s: QuantScheme, K: int, N: int, where: str) -> tuple:
     "float8 weights (N, K) with a scale per tensor or per output feature; a static input_scale if the scheme has one."
     weight, scale = _need(raw, ['weight', 'weight_scale'], where)
@@ -217,7 +217,7 @@ def fp8_from_float(raw: dict, s: QuantScheme, K: int, N: int, where: str) -> tup
 
 CONVERTERS = {'awq': int_from_awq, 'gptq': int_from_gptq, 'compressed-tensors': int_from_compressed}
 
-# %% ../../nbs/08b_quantization.ipynb #9f00d43e
+# %% ../../nbs/08b_quantization.ipynb #4f3e1821
 def dequantize_int(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int) -> torch.Tensor:
     "Float weight (K, N) of the canonical layout: (value - zero) * scale, group by group (in `scales`' dtype)."
     u = unpack_int32(qweight, bits, 0)  # (K, N)
@@ -241,7 +241,7 @@ def fp8_activations(x: torch.Tensor, act_scale: str | None, input_scale: torch.T
         return x8.float() * s
     return (x.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * input_scale
 
-# %% ../../nbs/08b_quantization.ipynb #621066a8
+# %% ../../nbs/08b_quantization.ipynb #022b3c21
 class QuantLinear(nn.Module):
     """A linear layer whose weights stay quantized: integers with group scales (`kind` 'int'), or float8.
     It takes its checkpoint tensors itself (`take`, then `finish`), whatever the format, into one layout:
@@ -265,7 +265,7 @@ class QuantLinear(nn.Module):
         s = self.scheme
         return f'{self.in_features}, {self.out_features}, {s.method}, {s.kind}{s.bits}, group={self.group_size}'
 
-# %% ../../nbs/08b_quantization.ipynb #dd0cf639
+# %% ../../nbs/08b_quantization.ipynb #24fd0074
 @patch
 def take(self: QuantLinear, name: str, tensor: torch.Tensor):
     "Keep one checkpoint tensor of this layer (`qweight`, `scales`, `weight_packed`, ...) until `finish`."
@@ -293,7 +293,7 @@ def finish(self: QuantLinear, dtype: torch.dtype, device: torch.device, where: s
         self.weight, self.weight_scale = weight.to(device), scale.to(device)
         self.input_scale = None if input_scale is None else input_scale.to(device)
 
-# %% ../../nbs/08b_quantization.ipynb #427c1cd5
+# %% ../../nbs/08b_quantization.ipynb #a8f5d15c
 @patch
 def reference_weight(self: QuantLinear) -> torch.Tensor:
     "The float weight (N, K) that the layer's integers or float8 values stand for (rows of `perm`'s order undone)."
@@ -322,7 +322,7 @@ def forward(self: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         y = y + self.bias
     return y.view(*shape[:-1], self.out_features)
 
-# %% ../../nbs/08b_quantization.ipynb #121701de
+# %% ../../nbs/08b_quantization.ipynb #9c3536e0
 QUANT_TENSORS = {'qweight', 'weight_packed', 'weight_scale'}  # a layer holding one of these is quantized
 DEFAULT_SCHEMES = {  # what random weights (`load_format='dummy'`) get for `--quantization` without a checkpoint
     'awq': QuantScheme('awq', symmetric=False),
@@ -352,7 +352,7 @@ def quantized_modules(folder: str | Path) -> set:
                     names.add(prefix)
     return names
 
-# %% ../../nbs/08b_quantization.ipynb #7ec96018
+# %% ../../nbs/08b_quantization.ipynb #c9a0e5fd
 def quantize_linears(model: nn.Module, scheme: QuantScheme, names: set | None = None) -> nn.Module:
     "Put a `QuantLinear` in place of each `nn.Linear` named in `names` (None: every one but `lm_head`)."
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -367,7 +367,7 @@ def quantize_linears(model: nn.Module, scheme: QuantScheme, names: set | None = 
         setattr(model.get_submodule(prefix), attr, new)
     return model
 
-# %% ../../nbs/08b_quantization.ipynb #5edbfe89
+# %% ../../nbs/08b_quantization.ipynb #20c2eb13
 @patch
 def fill_dummy(self: QuantLinear, dtype: torch.dtype, device: torch.device, gen: torch.Generator):
     "Random weights of this layer's layout (`load_format='dummy'`, for benchmarks): values of +-1e-3 at most."
@@ -385,7 +385,7 @@ def fill_dummy(self: QuantLinear, dtype: torch.dtype, device: torch.device, gen:
     if self.bias is not None:
         self.bias = nn.Parameter(torch.zeros(N, dtype=dtype, device=device), requires_grad=False)
 
-# %% ../../nbs/08b_quantization.ipynb #0a955c73
+# %% ../../nbs/08b_quantization.ipynb #49f7b334
 @patch
 def stacked(self: QuantLinear, others: list) -> 'QuantLinear | None':
     "One layer computing this one's and `others`' outputs side by side (q, k, v; gate, up), or None if they differ."
@@ -409,7 +409,7 @@ def stacked(self: QuantLinear, others: list) -> 'QuantLinear | None':
     new.kernel = self.kernel
     return new
 
-# %% ../../nbs/08b_quantization.ipynb #f0df9700
+# %% ../../nbs/08b_quantization.ipynb #d58e1d1d
 def use_quant_kernels(model: nn.Module) -> nn.Module:
     "Give every quantized layer its GPU GEMM (chapter 15g): Triton for integer weights, `torch._scaled_mm` for fp8."
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
