@@ -1,21 +1,34 @@
-"""The engine on the Llama-3.1-8B shape with random weights in each quantization (load_format dummy): weight memory,
-and the decode step at batch 1, 16 and 256 (`run_latency`: 128 prompt tokens, 32 output tokens, greedy).
+"""The engine on the Llama-3.1-8B shape with random weights in each quantization (load_format dummy), and real vLLM
+with the same quantization beside it: weight memory, the decode step at batch 1, 16 and 256 (128 prompt tokens,
+32 output tokens, greedy: `run_latency`), and offline throughput on the sharegpt-like workload.
 
-    python kernels/quant_engine_bench.py --tokenizer DIR [--methods bf16,awq,gptq,fp8] [--out DIR]
+    python kernels/quant_engine_bench.py --tokenizer DIR [--methods bf16,awq,gptq,fp8] [--engines ours,vllm]
+        [--requests 256] [--out DIR]
+
+vLLM runs through chapter 17e's peer (`PAGED_INFER_VLLM_PYTHONPATH`, e.g. /tmp/site), one vLLM process a method
+for all of its measurements (kernels/quant_vllm_suite.py), on the same token ids and output lengths.
+Writes engine.json (ours) and vllm.json (vLLM), one row per method, into --out.
 """
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from paged_infer.bench.offline import run_latency  # noqa: E402
-from paged_infer.bench.workloads import make_random_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from paged_infer.bench.offline import latency_inputs, latency_stats, run_engine, run_latency  # noqa: E402
+from paged_infer.bench.vllm_peer import engine_spec, latency_spec, peer_env, peer_python, throughput_spec  # noqa: E402
+from paged_infer.bench.workloads import make_random_model, make_workload  # noqa: E402
 from paged_infer.core.config import EngineConfig  # noqa: E402
 from paged_infer.core.engine import LLMEngine  # noqa: E402
+
+PROMPT, OUTPUT = 128, 32
 
 
 def weight_bytes(model) -> int:
@@ -27,43 +40,96 @@ def weight_bytes(model) -> int:
     return n
 
 
+def config(folder, method) -> EngineConfig:
+    q = None if method == 'bf16' else method
+    return EngineConfig(model=str(folder), load_format='dummy', quantization=q, max_model_len=2048,
+                        gpu_memory_utilization=0.85)
+
+
+def ours(folder, method, batch_sizes, workload) -> dict:
+    engine = LLMEngine(config(folder, method))
+    wb = weight_bytes(engine.model)
+    row = dict(method=method, weight_GB=round(wb / 1e9, 3), steps={})
+    for bs in batch_sizes:
+        r = run_latency(engine, bs, PROMPT, OUTPUT, num_iters=3, progress=False)
+        row['steps'][str(bs)] = r['decode_step_ms']
+        print(f"ours {method:5s} weights {wb / 1e9:6.2f} GB  batch {bs:4d}: decode step median "
+              f"{r['decode_step_ms']['median']:.3f} ms", flush=True)
+    if workload is not None:
+        m, _ = run_engine(engine, workload, progress=False)
+        row['throughput'] = {k: m[k] for k in ('elapsed_s', 'output_tokens_per_s', 'total_tokens_per_s')}
+        print(f"ours {method:5s} {len(workload)} sharegpt-like requests: {m['output_tokens_per_s']:.0f} out tok/s",
+              flush=True)
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def vllm(folder, method, batch_sizes, workload, out: Path) -> dict:
+    "One vLLM process for the method: its latency at each batch size, then the throughput run."
+    engine = engine_spec(config(folder, method), folder, 'dummy', 0.85)
+    vocab = json.loads((folder / 'config.json').read_text())['vocab_size']
+    parts = [latency_spec(latency_inputs(bs, PROMPT, 3, 0, vocab), OUTPUT, engine) for bs in batch_sizes]
+    if workload is not None:
+        parts.append(throughput_spec(workload, engine))
+    spec = dict(engine, parts=parts)
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / 'spec.json').write_text(json.dumps(spec))
+        cmd = [peer_python(), str(ROOT / 'kernels' / 'quant_vllm_suite.py'), f'{d}/spec.json', f'{d}/out.json']
+        subprocess.run(cmd, check=True, env=peer_env())
+        res = json.loads((Path(d) / 'out.json').read_text())
+    row = dict(method=method, vllm_version=res['vllm_version'], init_s=res['init_s'], quant=res['quant'], steps={})
+    for bs, r in zip(batch_sizes, res['parts']):
+        row['steps'][str(bs)] = latency_stats(r['decode_step_s'])
+        print(f"vllm {method:5s} batch {bs:4d}: decode step median {row['steps'][str(bs)]['median']:.3f} ms",
+              flush=True)
+    if workload is not None:
+        t = res['parts'][-1]
+        row['throughput'] = {k: t[k] for k in ('elapsed_s', 'output_tokens_per_s', 'total_tokens_per_s')}
+        print(f"vllm {method:5s} sharegpt-like: {t['output_tokens_per_s']:.0f} out tok/s", flush=True)
+    return row
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--tokenizer', required=True)
     p.add_argument('--methods', default='bf16,awq,gptq,fp8')
+    p.add_argument('--engines', default='ours', help='ours, vllm, or both: ours,vllm')
     p.add_argument('--shape', default='llama-3.1-8b')
     p.add_argument('--batch-sizes', default='1,16,256')
+    p.add_argument('--requests', type=int, default=256, help='sharegpt-like requests for throughput; 0: none')
     p.add_argument('--out', default='kernels/results/quant/h200')
     a = p.parse_args()
     folder = make_random_model(a.shape, tokenizer_folder=a.tokenizer, weights=False)
-    results = []
-    for method in a.methods.split(','):
-        q = None if method == 'bf16' else method
-        engine = LLMEngine(EngineConfig(model=str(folder), load_format='dummy', quantization=q, max_model_len=2048,
-                                        gpu_memory_utilization=0.85))
-        wb = weight_bytes(engine.model)
-        layers = [weight_bytes(m) for n, m in engine.model.named_modules() if n.endswith('.layers.0')]
-        row = dict(method=method, weight_GB=round(wb / 1e9, 3), layer0_MB=round(layers[0] / 1e6, 1), steps={})
-        for bs in map(int, a.batch_sizes.split(',')):
-            r = run_latency(engine, bs, 128, 32, num_iters=3, progress=False)
-            row['steps'][bs] = r['decode_step_ms']
-            print(f"{method:6s} weights {wb / 1e9:6.2f} GB  batch {bs:4d}: decode step median "
-                  f"{r['decode_step_ms']['median']:.3f} ms, prefill {r['prefill_s'] * 1e3:.1f} ms", flush=True)
-        results.append(row)
-        del engine
-        gc.collect()
-        torch.cuda.empty_cache()
-    base = results[0]
-    for r in results:
-        ratios = {bs: round(r['steps'][bs]['median'] / base['steps'][bs]['median'], 3) for bs in r['steps']}
-        r['step_vs_first'] = ratios
-        print(f"{r['method']:6s} weights {r['weight_GB'] / base['weight_GB']:.2f}x of {base['method']}; "
-              f"decode step {ratios}")
+    vocab = json.loads((folder / 'config.json').read_text())['vocab_size']
+    workload = make_workload('sharegpt-like', a.requests, vocab_size=vocab) if a.requests else None
+    batch_sizes = [int(b) for b in a.batch_sizes.split(',')]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
-    (out / 'engine.json').write_text(json.dumps(dict(device=device, results=results), indent=1))
+    for engine in a.engines.split(','):
+        path = out / ('engine.json' if engine == 'ours' else 'vllm.json')
+        old = json.loads(path.read_text()) if path.exists() else {}
+        rows = old['results'] if old.get('shape') == a.shape else []  # other methods of the same shape are kept
+        for method in a.methods.split(','):
+            row = ours(folder, method, batch_sizes, workload) if engine == 'ours' else vllm(
+                folder, method, batch_sizes, workload, out)
+            rows = [r for r in rows if r['method'] != method] + [row]
+            path.write_text(json.dumps(dict(device=device, shape=a.shape, prompt=PROMPT, output=OUTPUT,
+                                            requests=a.requests, results=rows), indent=1))
+        base = {r['method']: r for r in rows}.get('bf16')
+        for r in rows:
+            if base:
+                ratios = {bs: round(r['steps'][bs]['median'] / base['steps'][bs]['median'], 3) for bs in r['steps']
+                          if bs in base['steps']}
+                tp = r.get('throughput', {}).get('output_tokens_per_s')
+                tb = base.get('throughput', {}).get('output_tokens_per_s')
+                print(f"{engine} {r['method']:5s} decode step vs bf16 {ratios}"
+                      + (f"; throughput {tp / tb:.2f}x" if tp and tb else '')
+                      + (f"; weights {r['weight_GB'] / base['weight_GB']:.2f}x" if 'weight_GB' in r else ''))
 
 
 if __name__ == '__main__':
+    os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
     main()

@@ -1,10 +1,11 @@
 """Quantized GEMMs on the GPU (chapter 15g): checked against chapter 8b's torch reference on fresh random inputs, then
-timed against the bfloat16 GEMM of the same shape: the linear layers of the Llama-3.1-8B shape at 1, 16 and 256 rows.
+timed against the bfloat16 GEMM of the same shape: the linear layers of the Llama-3.1-8B shape at 1, 4, 16 and 256 rows.
 
     python kernels/quant_gemm_bench.py [--out kernels/results/quant/h200]
 
 Writes gemm.csv (one row per shape, rows, method and tile variant: microseconds and effective GB/s of weight reads)
-and prints a table. Times are medians of triton.testing.do_bench (CUDA events, L2 flushed between runs).
+and prints a table. Each case is timed as a decode step runs it: replayed from a CUDA graph (no launch gaps), over
+enough copies of the weight that none is still in L2 when it is read again (CUDA events; median of 5 replays).
 """
 import argparse
 import csv
@@ -16,10 +17,10 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paged_infer.model.quantization import FP8, QuantLinear, QuantScheme, dequantize_int, fp8_from_float, pack_int32  # noqa: E402
-from paged_infer.ops.quant_gemm import DEQUANT_ROWS, fp8_gemm, int_gemm, int_gemm_config  # noqa: E402
+from paged_infer.ops.quant_gemm import DEQUANT_ROWS, GEMV_ROWS, fp8_gemm, int_gemm, int_gemm_config, int_gemv_config  # noqa: E402
 
 SHAPES = {'qkv': (4096, 6144), 'o': (4096, 4096), 'gate_up': (4096, 28672), 'down': (14336, 4096)}  # (K, N)
-ROWS = (1, 16, 256)
+ROWS = (1, 4, 16, 256)
 VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below DEQUANT_ROWS)
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=1),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4),
@@ -28,6 +29,59 @@ VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below 
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=2),
 ]
+GEMV_VARIANTS = [  # `_int_gemv_kernel` (rows up to GEMV_ROWS); PROGRAMS: split K until the grid has this many
+    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=528, num_warps=4),
+    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=2112, num_warps=4),
+    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=1056, num_warps=4),
+    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=1056, num_warps=8),
+    dict(BLOCK_N=256, BLOCK_K=128, PROGRAMS=528, num_warps=8),
+    dict(BLOCK_N=32, BLOCK_K=128, PROGRAMS=1056, num_warps=2),
+    dict(BLOCK_N=64, BLOCK_K=64, PROGRAMS=1056, num_warps=4),
+    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=1056, num_warps=4, num_stages=4),
+    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=1056, num_warps=4, num_stages=2),
+    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=1056, num_warps=4, OUT=torch.bfloat16),
+    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=264, num_warps=4),
+]
+
+
+def gemv(c: dict, M: int, N: int, K: int) -> dict | None:
+    "A GEMV variant with its K split filled in for this shape (None where the tiles do not fit)."
+    c = dict(c)
+    programs = c.pop('PROGRAMS')
+    bk = c['BLOCK_K']
+    if K % bk:
+        return None
+    split = 1
+    while M * triton.cdiv(N, c['BLOCK_N']) * split < programs and K % (bk * split * 2) == 0 and K // (split * 2) >= bk:
+        split *= 2
+    return dict(c, SPLIT_K=split)
+
+
+def time_graph(make, nbytes: int, reps: int = 20) -> float:
+    "Microseconds a call of `make(i)()` (i picks a copy of the weights) takes, replayed from one CUDA graph."
+    copies = max(1, min(32, -(-200_000_000 // nbytes)))  # 200 MB of weights at least: four times the L2
+    fns = [make(i) for i in range(copies)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns:
+            f()
+    graph.replay()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (reps * copies))
+    return sorted(times)[2]
 
 
 def random_int(K, N, bits, group, seed):
@@ -55,7 +109,8 @@ def check(failures):
             for bits, group in [(4, 128), (4, 64), (8, 128)]:
                 qw, s, z = random_int(K, N, bits, group, seed=M + K + bits + group)
                 want = x.float() @ dequantize_int(qw, s, z, bits).float()
-                for c in [None, *VARIANTS]:
+                gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS] if M <= GEMV_ROWS else []
+                for c in [None, *VARIANTS, *[g for g in gemvs if g]]:
                     if c is not None and (group % c['BLOCK_K'] or K % (c['BLOCK_K'] * c['SPLIT_K'])):
                         continue
                     got = int_gemm(x, qw, s, z, bits, group, c).float()
@@ -70,41 +125,60 @@ def check(failures):
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 if err > 2e-2:
                     failures.append(f'fp8 {act} {name} M={M}: rel err {err:.3g}')
-    print('checked: int4 g128/g64, int8 g128 (default tiles and', len(VARIANTS), 'variants), fp8 token/tensor;',
+    print('checked: int4 g128/g64, int8 g128 (default tiles,', len(VARIANTS), 'dot and', len(GEMV_VARIANTS),
+          'row variants), fp8 token/tensor;',
           'failures:', len(failures))
 
 
 def bench(out: Path):
     rows = []
     for name, (K, N) in SHAPES.items():
-        w16 = torch.randn(N, K, device='cuda', dtype=torch.bfloat16) * 0.02
-        qw4, s4, z4 = random_int(K, N, 4, 128, 0)
-        qw8, s8, z8 = random_int(K, N, 8, 128, 0)
-        f8 = fp8_layer(K, N, 'token')
-        f8.kernel = fp8_gemm
+        copies = 32
+        w16 = [torch.randn(N, K, device='cuda', dtype=torch.bfloat16) * 0.02 for _ in range(-(-100_000_000 // (K * N)))]
+        int4 = [random_int(K, N, 4, 128, i) for i in range(copies)]
+        int8 = [random_int(K, N, 8, 128, i) for i in range(copies // 2)]
+        f8 = [fp8_layer(K, N, 'token') for _ in range(copies // 2)]
+        for f in f8:
+            f.kernel = fp8_gemm
         for M in ROWS:
             x = torch.randn(M, K, device='cuda', dtype=torch.bfloat16)
             x8 = x.to(FP8)
             xs = torch.ones(M, 1, device='cuda')
-            cases = {
-                'bf16': (lambda: x @ w16.T, 2 * K * N),
-                'int4-g128': (lambda: int_gemm(x, qw4, s4, z4, 4, 128), K * N // 2 + 4 * K // 128 * N),
-                'int8-g128': (lambda: int_gemm(x, qw8, s8, z8, 8, 128), K * N + 4 * K // 128 * N),
-                'fp8-gemm-only': (lambda: torch._scaled_mm(x8, f8.weight.T, scale_a=xs, scale_b=f8.weight_scale[None],
-                                                          out_dtype=torch.bfloat16), K * N),
-                'fp8+token-quant': (lambda: f8(x), K * N),
+            n4 = K * N // 2 + 4 * K // 128 * N
+            cases = {  # method: (make(i) -> call, weight bytes, config)
+                'bf16': (lambda i: lambda: x @ w16[i % len(w16)].T, 2 * K * N, ''),
+                'int4-g128': (lambda i: lambda: int_gemm(x, *int4[i % copies], 4, 128), n4, 'default'),
+                'int8-g128': (lambda i: lambda: int_gemm(x, *int8[i % 16], 8, 128), K * N + 4 * K // 128 * N,
+                              'default'),
+                'fp8-gemm-only': (lambda i: lambda: torch._scaled_mm(x8, f8[i % 16].weight.T, scale_a=xs,
+                                  scale_b=f8[i % 16].weight_scale[None], out_dtype=torch.bfloat16), K * N, ''),
+                'fp8+token-quant': (lambda i: lambda: f8[i % 16](x), K * N, ''),
             }
-            for i, c in enumerate(VARIANTS):
-                if K % (c['BLOCK_K'] * c['SPLIT_K']) == 0 and M < DEQUANT_ROWS:
-                    cases[f'int4-g128-v{i}'] = (lambda c=c: int_gemm(x, qw4, s4, z4, 4, 128, c), K * N // 2)
-            for method, (fn, nbytes) in cases.items():
-                us = triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3
-                cfg = ''
-                if method.startswith('int') and '-v' not in method:
-                    cfg = 'dequantize + cuBLAS' if M >= DEQUANT_ROWS else int_gemm_config(M, N, K, 128)
+            if M < DEQUANT_ROWS:
+                for j, c in enumerate(VARIANTS):
+                    if K % (c['BLOCK_K'] * c['SPLIT_K']) == 0:
+                        cases[f'int4-g128-dot{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
+                                                      n4, c)
+            if M <= GEMV_ROWS:
+                for j, v in enumerate(GEMV_VARIANTS):
+                    c = gemv(v, M, N, K)
+                    if c:
+                        cases[f'int4-g128-row{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
+                                                      n4, c)
+            for method, (make, nbytes, cfg) in cases.items():
+                try:
+                    us = time_graph(make, nbytes)
+                except Exception as e:  # a variant that does not compile here (for example bfloat16 atomics)
+                    print(f'{name:8s} M={M:4d} {method:18s} failed: {type(e).__name__}: {str(e)[:120]}')
+                    continue
+                if cfg == 'default':
+                    cfg = 'dequantize + cuBLAS' if M >= DEQUANT_ROWS else (
+                        int_gemv_config(M, N, K, 128) if M <= GEMV_ROWS else int_gemm_config(M, N, K, 128))
+                cfg = {k: str(v) for k, v in cfg.items()} if isinstance(cfg, dict) else cfg
                 rows.append(dict(layer=name, K=K, N=N, M=M, method=method, us=round(us, 2),
                                  weight_GBps=round(nbytes / us / 1e3, 1), config=cfg))
-                print(f'{name:8s} M={M:4d} {method:18s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {cfg}')
+                print(f'{name:8s} M={M:4d} {method:18s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {cfg}', flush=True)
+        torch.cuda.empty_cache()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / 'gemm.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -117,7 +191,8 @@ def bench(out: Path):
             if r['M'] == M:
                 tot[r['method']] = tot.get(r['method'], 0) + r['us']
         base = tot['bf16']
-        print(f'M={M:4d} ' + '  '.join(f'{k} {v:.1f} ({v / base:.2f}x)' for k, v in tot.items()))
+        print(f'M={M:4d} ' + '  '.join(f'{k} {v:.1f} ({v / base:.2f}x)' for k, v in tot.items()
+                                      if sum(r['M'] == M and r['method'] == k for r in rows) == len(SHAPES)))
 
 
 if __name__ == '__main__':
