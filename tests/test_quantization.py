@@ -136,3 +136,31 @@ def test_quantization_that_contradicts_the_checkpoint_is_refused():
         LLM(quantization='awq', num_gpu_blocks=8)
     with pytest.raises(EngineConfigError, match='quantization'):
         LLM(quantization='int3', num_gpu_blocks=8)
+
+
+def test_the_server_serves_a_quantized_checkpoint():
+    "uvicorn on loopback and the official client: greedy chat equals the offline LLM's; a bad request is a 400."
+    import openai
+
+    from helpers import ServerThread
+    from paged_infer.core.config import EngineConfig
+    from paged_infer.entrypoints.async_engine import AsyncLLMEngine
+    from paged_infer.entrypoints.server import build_app
+
+    qdir, _ = quant_checkpoints.checkpoint('awq')
+    engine = AsyncLLMEngine.from_config(EngineConfig(model=str(qdir), num_gpu_blocks=64, max_model_len=512),
+                                        max_wait_ms=5)
+    msgs = [{'role': 'user', 'content': 'Name a colour.'}]
+    try:
+        with ServerThread(build_app(engine, 'awq')) as url:
+            client = openai.OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0, timeout=120)
+            got = client.chat.completions.create(model='awq', messages=msgs, max_tokens=12, temperature=0)
+            with pytest.raises(openai.BadRequestError):
+                client.chat.completions.create(model='awq', messages=msgs, max_tokens=-1)
+            again = client.chat.completions.create(model='awq', messages=msgs, max_tokens=12, temperature=0)
+        assert engine.engine.block_manager.num_free_blocks == 64
+    finally:
+        engine.shutdown()
+    offline = LLM(model=str(qdir), num_gpu_blocks=64, max_model_len=512)
+    want = offline.chat(msgs, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)[0].outputs[0].text
+    assert got.choices[0].message.content == again.choices[0].message.content == want
