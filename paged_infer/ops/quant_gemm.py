@@ -6,14 +6,14 @@
 __all__ = ['DEQUANT_ROWS', 'GEMV_ROWS', 'int_gemm_config', 'int_gemv_config', 'dequantize_triton', 'int_gemm',
            'quantize_fp8_rows_triton', 'fp8_gemm', 'int_layer_gemm', 'quant_kernel']
 
-# %% ../../nbs/15g_quant_gemm.ipynb #e5bff10f
+# %% ../../nbs/15g_quant_gemm.ipynb #950f1cd9
 import torch
 import triton
 import triton.language as tl
 
 from ..model.quantization import FP8, QuantLinear, QuantScheme
 
-# %% ../../nbs/15g_quant_gemm.ipynb #bec0d574
+# %% ../../nbs/15g_quant_gemm.ipynb #f36f8e4b
 @triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -74,7 +74,7 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stri
     WORDS: tl.constexpr = BLOCK_K // PER
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, WORDS)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)  # summed over the words once, at the end
     k_split = K // SPLIT_K
     for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
         q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
@@ -88,14 +88,15 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stri
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc += s * (tl.sum(part, axis=0) - z * tl.sum(x_sum, axis=0))  # sum (u - z) s x = s (sum u x - z sum x)
+        acc += s[None, :] * (part - z[None, :] * x_sum[:, None])  # sum (u - z) s x = s (sum u x - z sum x)
+    y = tl.sum(acc, axis=0)
     out = out_ptr + m * stride_om + rn
     if SPLIT_K == 1:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
     else:
-        tl.atomic_add(out, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
+        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
 
-# %% ../../nbs/15g_quant_gemm.ipynb #a060aeea
+# %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
 GEMV_ROWS = 4  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`)
 
@@ -161,7 +162,7 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     return out.to(x.dtype)
 
-# %% ../../nbs/15g_quant_gemm.ipynb #311de53d
+# %% ../../nbs/15g_quant_gemm.ipynb #257a6ae8
 @triton.jit
 def _fp8_rows_kernel(x_ptr, out_ptr, scale_ptr, K, stride_x, stride_o, BLOCK: tl.constexpr):
     "One row of x in float8 with its own scale, in one launch for all rows (chapter 8b's `quantize_fp8_rows`)."
