@@ -207,7 +207,13 @@ class Peers:
 
     def send(self, op: str, arg=None):
         self.check()
-        dist.broadcast_object_list([(op, arg)], src=0, group=self.cpu_group)
+        try:
+            dist.broadcast_object_list([(op, arg)], src=0, group=self.cpu_group)
+        except RuntimeError:  # a rank that died while the order was on its way: say so, as check() does
+            for p in self.procs:
+                p.join(1.0)  # (its sockets close a moment before its process is gone)
+            self.check()
+            raise
 
     def stop(self, timeout: float = 30.0):
         if not self.alive:
