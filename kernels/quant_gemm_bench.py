@@ -29,32 +29,25 @@ VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below 
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=2),
 ]
-GEMV_VARIANTS = [  # `_int_gemv_kernel` (rows up to GEMV_ROWS); PROGRAMS: split K until the grid has this many
-    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=528, num_warps=4),
-    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=2112, num_warps=4),
-    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=1056, num_warps=4),
-    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=1056, num_warps=8),
-    dict(BLOCK_N=256, BLOCK_K=128, PROGRAMS=528, num_warps=8),
-    dict(BLOCK_N=32, BLOCK_K=128, PROGRAMS=1056, num_warps=2),
-    dict(BLOCK_N=64, BLOCK_K=64, PROGRAMS=1056, num_warps=4),
-    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=1056, num_warps=4, num_stages=4),
-    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=1056, num_warps=4, num_stages=2),
-    dict(BLOCK_N=64, BLOCK_K=128, PROGRAMS=1056, num_warps=4, OUT=torch.bfloat16),
-    dict(BLOCK_N=128, BLOCK_K=128, PROGRAMS=264, num_warps=4),
+GEMV_VARIANTS = [  # keywords of `int_gemv_config` (rows up to GEMV_ROWS), and extra launch options
+    dict(block_n=64, programs=528),
+    dict(block_n=64, programs=2112),
+    dict(block_n=128),
+    dict(block_n=128, num_warps=8),
+    dict(block_n=256, programs=528, num_warps=8),
+    dict(block_n=32, num_warps=2),
+    dict(block_n=64, block_k=64),
+    dict(block_n=64, num_stages=4),
+    dict(block_n=128, num_stages=2),
+    dict(block_n=64, OUT=torch.bfloat16),
+    dict(block_n=128, programs=264),
 ]
 
 
-def gemv(c: dict, M: int, N: int, K: int) -> dict | None:
-    "A GEMV variant with its K split filled in for this shape (None where the tiles do not fit)."
-    c = dict(c)
-    programs = c.pop('PROGRAMS')
-    bk = c['BLOCK_K']
-    if K % bk:
-        return None
-    split = 1
-    while M * triton.cdiv(N, c['BLOCK_N']) * split < programs and K % (bk * split * 2) == 0 and K // (split * 2) >= bk:
-        split *= 2
-    return dict(c, SPLIT_K=split)
+def gemv(v: dict, M: int, N: int, K: int) -> dict:
+    "A GEMV variant for this shape: `int_gemv_config`'s tiles and split, plus the variant's launch options."
+    launch = {k: v[k] for k in ('num_stages', 'OUT') if k in v}
+    return int_gemv_config(M, N, K, 128, **{k: x for k, x in v.items() if k not in launch}) | launch
 
 
 def time_graph(make, nbytes: int, reps: int = 20) -> float:
@@ -110,7 +103,7 @@ def check(failures):
                 qw, s, z = random_int(K, N, bits, group, seed=M + K + bits + group)
                 want = x.float() @ dequantize_int(qw, s, z, bits).float()
                 gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS] if M <= GEMV_ROWS else []
-                for c in [None, *VARIANTS, *[g for g in gemvs if g]]:
+                for c in [None, *VARIANTS, *gemvs]:
                     if c is not None and (group % c['BLOCK_K'] or K % (c['BLOCK_K'] * c['SPLIT_K'])):
                         continue
                     got = int_gemm(x, qw, s, z, bits, group, c).float()
@@ -162,9 +155,8 @@ def bench(out: Path):
             if M <= GEMV_ROWS:
                 for j, v in enumerate(GEMV_VARIANTS):
                     c = gemv(v, M, N, K)
-                    if c:
-                        cases[f'int4-g128-row{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
-                                                      n4, c)
+                    cases[f'int4-g128-row{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
+                                                  n4, c)
             for method, (make, nbytes, cfg) in cases.items():
                 try:
                     us = time_graph(make, nbytes)

@@ -113,15 +113,15 @@ def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
 
 
-def int_gemv_config(M: int, N: int, K: int, group: int) -> dict:
-    "Tiles and K split of `_int_gemv_kernel`: enough programs in flight to keep the memory busy."
-    block_k = min(group, 128)
-    block_n = 64
+def int_gemv_config(M: int, N: int, K: int, group: int, block_n: int = 64, block_k: int = 128,
+                    programs: int = 1056, num_warps: int = 4) -> dict:
+    "Tiles and K split of `_int_gemv_kernel`: K split until the grid has `programs` programs (8 an H200 SM)."
+    block_k = min(group, block_k)
     tiles = M * triton.cdiv(N, block_n)
     split = 1
-    while tiles * split < 1056 and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
-        split *= 2  # eight programs a multiprocessor (132 on an H200)
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4)
+    while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
+        split *= 2
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps)
 
 
 def dequantize_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
