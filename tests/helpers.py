@@ -30,11 +30,24 @@ class ServerThread:
         self.sock.close()
 
 
-def metric(url: str, name: str, **labels) -> float:
-    "The value of sample `name` (with these label values) in a server's /metrics, read with prometheus_client's parser."
+def scrape(url: str) -> dict:
+    "A server's /metrics, read with prometheus_client's parser, as {family name without the prefix: family}."
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
-    for fam in text_string_to_metric_families(httpx.get(url + '/metrics', timeout=5).text):
+    text = httpx.get(url + '/metrics', timeout=10).text
+    return {f.name.removeprefix('paged_infer:'): f for f in text_string_to_metric_families(text)}
+
+
+def value(fams: dict, family: str, sample: str | None = None, **labels) -> float:
+    "The sum of a family's samples named `sample` (default: the family's own) whose labels include `labels`."
+    name = 'paged_infer:' + (sample or family)
+    return sum(s.value for s in fams[family].samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def metric(url: str, name: str, **labels) -> float:
+    "The value of sample `name` (with these label values) in a server's /metrics."
+    for fam in scrape(url).values():
         for s in fam.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return s.value

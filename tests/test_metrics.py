@@ -13,9 +13,8 @@ import httpx
 import openai
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import ServerThread
+from helpers import ServerThread, scrape, value
 from paged_infer.core.config import EngineConfig
 from paged_infer.entrypoints.async_engine import AsyncLLMEngine
 from paged_infer.entrypoints.server import build_app
@@ -38,19 +37,6 @@ FAMILIES = {  # vLLM's names (prefix paged_infer:) and types; counters as the pa
 }
 INTERVALS = ['time_to_first_token_seconds', 'e2e_request_latency_seconds', 'request_queue_time_seconds',
              'request_prefill_time_seconds', 'request_decode_time_seconds', 'request_inference_time_seconds']
-
-
-def scrape(url: str) -> dict:
-    "/metrics as {family name without the prefix: family}."
-    text = httpx.get(url + '/metrics', timeout=10).text
-    return {f.name.removeprefix('paged_infer:'): f for f in text_string_to_metric_families(text)}
-
-
-def value(fams: dict, family: str, sample: str | None = None, **labels) -> float:
-    "The sum of a family's samples named `sample` (default: the family's own) whose labels include `labels`."
-    name = 'paged_infer:' + (sample or family)
-    return sum(s.value for s in fams[family].samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 @pytest.fixture(scope='module')
@@ -109,13 +95,16 @@ def test_every_family_with_its_type(run):
 
 
 def test_request_histograms_agree_with_the_client(run):
+    "As vLLM's child requests: each choice is observed once, the parameters and the longest choice once per request."
     assert 'length' in run['reasons'] and 'stop' in run['reasons'], run['reasons']
-    requests = len(run['usages'])  # one engine request each (n=2 is one request of two samples)
-    for name in INTERVALS + ['request_prompt_tokens', 'request_generation_tokens', 'request_params_n',
-                             'request_params_max_tokens', 'request_max_num_generation_tokens']:
+    requests, choices = len(run['usages']), len(run['reasons'])
+    assert choices == requests + 1, 'the n=2 request has two choices'
+    for name in INTERVALS + ['request_prompt_tokens', 'request_generation_tokens']:
+        assert delta(run, name, name + '_count') == choices, name
+    for name in ['request_params_n', 'request_params_max_tokens', 'request_max_num_generation_tokens']:
         assert delta(run, name, name + '_count') == requests, name
     assert delta(run, 'request_prompt_tokens', 'request_prompt_tokens_sum') == sum(
-        u.prompt_tokens for u in run['usages'])
+        u.prompt_tokens * n for u, (n, _) in zip(run['usages'], run['params']))
     assert delta(run, 'request_generation_tokens', 'request_generation_tokens_sum') == sum(
         u.completion_tokens for u in run['usages'])
     assert delta(run, 'request_params_n', 'request_params_n_sum') == sum(n for n, _ in run['params'])

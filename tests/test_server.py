@@ -354,21 +354,22 @@ def test_disconnect_before_a_whole_answer_frees_blocks(server):
 
 
 def test_metrics(server, client):
-    client.completions.create(model=NAME, prompt='Hi', max_tokens=3)
-    m = httpx.get(server['url'] + '/metrics').text
+    "The families a dashboard reads are exported (parsed with prometheus_client), and tokens are counted."
+    from prometheus_client.parser import text_string_to_metric_families
+    before = metric(server['url'], 'paged_infer:generation_tokens_total')
+    client.completions.create(model=NAME, prompt='Hi', max_tokens=3, extra_body={'ignore_eos': True})
+    text = httpx.get(server['url'] + '/metrics').text
+    names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     for name in ['num_requests_running', 'num_requests_waiting', 'num_requests_swapped', 'kv_cache_usage_perc',
                  'gpu_cache_usage_perc', 'num_preemptions_total', 'prefix_cache_queries_total', 'prefix_cache_hits_total',
                  'prompt_tokens_total', 'generation_tokens_total', 'time_to_first_token_seconds_bucket',
                  'inter_token_latency_seconds_bucket', 'e2e_request_latency_seconds_count', 'request_success_total']:
-        assert f'paged_infer:{name}' in m, name
-    gen = [l for l in m.splitlines() if l.startswith('paged_infer:generation_tokens_total')]
-    assert gen and float(gen[0].split()[-1]) > 0
+        assert f'paged_infer:{name}' in names, name
+    assert metric(server['url'], 'paged_infer:generation_tokens_total') - before == 3
 
 
 def test_inter_token_latency_is_observed_per_gap(server, client):
-    def itl_count():
-        m = httpx.get(server['url'] + '/metrics').text
-        return float(next(l for l in m.splitlines() if l.startswith('paged_infer:inter_token_latency_seconds_count')).split()[-1])
+    itl_count = lambda: metric(server['url'], 'paged_infer:inter_token_latency_seconds_count')
     before = itl_count()
     client.completions.create(model=NAME, prompt='Count: one, two,', max_tokens=6, temperature=0, extra_body={'ignore_eos': True})
     assert itl_count() - before == 5, 'six tokens, five gaps'

@@ -191,24 +191,26 @@ def observe_tokens(self: ServerMetrics, seen: dict, out):
 
 @patch
 def observe(self: ServerMetrics, out):
-    "Record a finished RequestOutput: its intervals, token counts, parameters and finish reasons."
+    """Record a finished RequestOutput. As vLLM's engine, which runs a request of `n` choices as `n` child requests,
+    each choice is one observation of the intervals, the token counts and `request_success`; `n`, `max_tokens` and the
+    largest choice's length are observed once per request."""
     a, s, f, d = out.arrival_time, out.first_scheduled_time, out.first_token_time, out.finished_time
     spans = (self.ttft, a, f), (self.e2e, a, d), (self.queue, a, s), (self.prefill, s, f), (self.decode, f, d)
-    for hist, t0, t1 in spans + ((self.inference, s, d),):
-        if t0 is not None and t1 is not None:
-            hist.observe(max(0.0, t1 - t0))
-    gen = [len(c.token_ids) for c in out.outputs]
-    if f is not None and d is not None and max(gen, default=0) > 1:
-        self.request_tpot.observe(max(0.0, d - f) / (max(gen) - 1))
-    self.prompt_len.observe(len(out.prompt_token_ids))
-    self.gen_len.observe(sum(gen))
-    self.max_gen.observe(max(gen, default=0))
+    spans += ((self.inference, s, d),)
+    for c in out.outputs:
+        for hist, t0, t1 in spans:
+            if t0 is not None and t1 is not None:
+                hist.observe(max(0.0, t1 - t0))
+        if f is not None and d is not None and len(c.token_ids) > 1:
+            self.request_tpot.observe(max(0.0, d - f) / (len(c.token_ids) - 1))
+        self.prompt_len.observe(len(out.prompt_token_ids))
+        self.gen_len.observe(len(c.token_ids))
+        self.success.labels(self.model_name, c.finish_reason or 'abort').inc()
+    self.max_gen.observe(max((len(c.token_ids) for c in out.outputs), default=0))
     if (p := out.params) is not None:
         self.n.observe(p.n)
         if p.max_tokens is not None:
             self.max_tokens.observe(p.max_tokens)
-    for c in out.outputs:
-        self.success.labels(self.model_name, c.finish_reason or 'abort').inc()
     if self.log_requests:
         REQUEST_LOG.info(json.dumps(request_record(out)))
 
