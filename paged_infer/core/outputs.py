@@ -8,6 +8,8 @@ __all__ = ['CompletionOutput', 'RequestOutput', 'EmbeddingOutput', 'EmbeddingReq
 # %% ../../nbs/12b_outputs.ipynb #9a63283cbaf04dbcab1f6479b197f3a8
 from dataclasses import dataclass, field
 
+from .sampling_params import SamplingParams
+
 # %% ../../nbs/12b_outputs.ipynb #015443e0
 @dataclass
 class CompletionOutput:
@@ -40,7 +42,7 @@ class RequestOutput:
     prompt_ranks: list | None = None  # with prompt_logprobs: each prompt token's rank at its place, or None
     embedding: list | None = None  # an embedding request's vector, once finished (chapter 16g)
     first_scheduled_time: float | None = None  # when the scheduler first admitted it (queue time ends)
-    params: object = None  # the request's SamplingParams (the metrics read n and max_tokens)
+    params: SamplingParams | None = None  # the request's (the metrics read n and max_tokens)
 
 
 @dataclass
