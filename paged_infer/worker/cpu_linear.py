@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['can_pack', 'PackedLinear', 'use_cpu_linears']
 
-# %% ../../nbs/11c_cpu_linear.ipynb #9504bb4f
+# %% ../../nbs/11c_cpu_linear.ipynb #509b2197
 import torch
 import torch.nn as nn
 
 from ..model.llama import LlamaForCausalLM, MLP, fuse_layer_projections
 
-# %% ../../nbs/11c_cpu_linear.ipynb #8a2ab770
+# %% ../../nbs/11c_cpu_linear.ipynb #eba9d00b
 def can_pack(dtype: torch.dtype) -> bool:
     "Whether oneDNN multiplies by a packed weight of `dtype` on this CPU (float32; bfloat16 where the CPU has it)."
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')):
@@ -36,7 +36,7 @@ class PackedLinear(nn.Module):
         y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, 'none', [], '')
         return y.view(*x.shape[:-1], self.out_features)
 
-# %% ../../nbs/11c_cpu_linear.ipynb #e50e6f5d
+# %% ../../nbs/11c_cpu_linear.ipynb #a291918f
 def _plain(*layers) -> bool:
     return all(type(m) is nn.Linear for m in layers)
 
