@@ -2,10 +2,10 @@
 prompt tokens prefilled, then decode steps timed (wall clock), then a few more under the torch profiler, whose top
 operators are printed (self CPU time, all steps together).
 
-    python kernels/cpu_step_profile.py [--seqs 57] [--steps 10] [--dtype auto] [--packed]
+    python kernels/cpu_step_profile.py [--seqs 57] [--steps 10] [--dtype auto] [--plain]
 
-`--packed` applies chapter 11c to the engine's model (`use_cpu_linears`: projections stacked, weights packed for
-oneDNN); without it the float linear layers are `nn.Linear`, as the engine loads them.
+The engine applies chapter 11c on a CPU (`use_cpu_linears`: projections stacked, weights packed for oneDNN);
+`--plain` keeps its float linear layers `nn.Linear`, as `load_model` makes them, to see what the packing buys.
 """
 import argparse
 import random
@@ -14,10 +14,10 @@ import time
 from torch.profiler import ProfilerActivity, profile
 
 from paged_infer.core.config import EngineConfig
+import paged_infer.core.engine as engine_module
 from paged_infer.core.engine import LLMEngine
 from paged_infer.core.sampling_params import SamplingParams
 from paged_infer.model.default_model import default_model_dir
-from paged_infer.worker.cpu_linear import use_cpu_linears
 
 
 def main():
@@ -25,11 +25,11 @@ def main():
     p.add_argument('--seqs', type=int, default=57)
     p.add_argument('--steps', type=int, default=10)
     p.add_argument('--dtype', default='auto')
-    p.add_argument('--packed', action='store_true', help="chapter 11c's use_cpu_linears on the engine's model")
+    p.add_argument('--plain', action='store_true', help="without chapter 11c's use_cpu_linears")
     a = p.parse_args()
+    if a.plain:
+        engine_module.use_cpu_linears = lambda model: model  # the layers as loaded
     engine = LLMEngine(EngineConfig(model=str(default_model_dir()), dtype=a.dtype))
-    if a.packed:
-        use_cpu_linears(engine.model)  # in place: the runner holds the same model
     rng = random.Random(0)
     vocab = engine.model.config.vocab_size
     for _ in range(a.seqs):
@@ -43,7 +43,7 @@ def main():
     for _ in range(a.steps):
         engine.step()
     step = (time.perf_counter() - t) / a.steps
-    print(f'dtype {a.dtype}, {"packed" if a.packed else "plain"}: a decode step of {len(engine.scheduler.running)} '
+    print(f'dtype {a.dtype}, {"plain" if a.plain else "packed"}: a decode step of {len(engine.scheduler.running)} '
           f'sequences {step * 1e3:.1f} ms (mean of {a.steps})')
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):

@@ -29,6 +29,7 @@ from .structured_outputs import Grammars
 from .sequence import Sequence
 from ..model.llama import ModelConfig
 from ..ops.sampler import Sampler, seeded_generator
+from ..worker.cpu_linear import use_cpu_linears
 from ..worker.cuda_graphs import graph_batch_sizes
 from ..worker.model_runner import ModelRunner, load_model
 from ..worker.profiling import block_bytes, fit_max_model_len, profile_num_gpu_blocks
@@ -92,6 +93,7 @@ def _load_model(self: LLMEngine):
         self.model, self.tokenizer = load_model(
             c.model, c.dtype, c.device, load_format=c.load_format, quantization=c.quantization
         )
+        use_cpu_linears(self.model)  # on a CPU: stacked projections, weights packed for oneDNN (chapter 11c)
         return None
     from paged_infer.worker.tensor_parallel import start_tensor_parallel  # chapter 18: this process is rank 0
 
@@ -112,7 +114,7 @@ def _load_draft_model(self: LLMEngine):
             f'the draft model\'s tokenizer ({len(tokenizer)} tokens) is not the target\'s ({len(self.tokenizer)}): '
             'a draft model must share the target\'s vocabulary'
         )
-    return draft
+    return use_cpu_linears(draft)
 
 
 @patch

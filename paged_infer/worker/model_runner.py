@@ -20,13 +20,19 @@ from ..model.llama import kv_cache_layers
 from ..ops.sampler import Sampler, SamplerOutput, SamplingBatch
 from ..core.sequence import PENDING, Sequence
 from ..model.weights import dummy_weights, load_hf_config, load_tokenizer, load_weights, parse_dtype
-from ..model.weights import resolve_model
+from ..model.weights import resolve_model, safetensors_files
 from ..model.quantization import default_scheme, quant_scheme, quantize_linears, quantized_modules
 from ..model.quantization import use_quant_kernels
 from .cuda_graphs import DecodeGraphs
 
 
 # %% ../../nbs/11_model_runner.ipynb #95873c37
+def _weights_key(folder, model, quantization) -> tuple:
+    "What identifies a model's loaded weights in this process: its files (and their times), dtype and quantization."
+    files = safetensors_files(folder)
+    return str(folder), tuple(f.stat().st_mtime_ns for f in files), str(model.lm_head.weight.dtype), quantization
+
+
 def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', load_format='auto',
                quantization=None):
     """Model and tokenizer from a name, folder, GGUF file or hub id; float32 on the CPU, bfloat16 on a GPU by default.
@@ -50,6 +56,7 @@ def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', 
         dummy_weights(model, parse_dtype(dtype, device), device)
     else:
         load_weights(model, folder, parse_dtype(dtype, device), device)
+        model.weights_key = _weights_key(folder, model, quantization)  # models of the same files share packed copies
     if attention == 'triton' or (attention == 'auto' and torch.device(device).type == 'cuda'):
         use_triton(model)
     return model.eval(), load_tokenizer(folder)
