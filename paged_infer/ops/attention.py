@@ -182,14 +182,14 @@ class _DecodeGroup:
     mask: torch.Tensor  # (g, 1, 1, max_blocks * block_size) bool: True where a key is inside its sequence
 
 
-def _decode_groups(m: AttentionMetadata) -> list:
-    "The step's decodes as `_DecodeGroup`s, made on the first layer's call and kept on `m` for the others."
+def _decode_groups(m: AttentionMetadata, keep: float = 0.7) -> list:
+    "The step's decodes as `_DecodeGroup`s (`length_groups`), made on the first layer's call and kept on `m`."
     if (plan := getattr(m, '_decode_plan', None)) is not None:
         return plan
     s0, device = m.num_prefills, m.block_tables.device
     lens = m.seq_lens_cpu[s0:]
     plan = []
-    for g in length_groups(lens):
+    for g in length_groups(lens, keep):
         nb = (lens[g[0]] + m.block_size - 1) // m.block_size  # the group's longest comes first
         rows = torch.tensor(g, device=device)
         lens_g = m.seq_lens[s0:][rows].long()
