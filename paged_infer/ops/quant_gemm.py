@@ -98,7 +98,7 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stri
 
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
-GEMV_ROWS = 4  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`)
+GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`); see below
 
 
 def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
