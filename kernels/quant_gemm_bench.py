@@ -1,5 +1,5 @@
 """Quantized GEMMs on the GPU (chapter 15g): checked against chapter 8b's torch reference on fresh random inputs, then
-timed against the bfloat16 GEMM of the same shape: the linear layers of the Llama-3.1-8B shape at 1, 4, 16 and 256 rows.
+timed against the bfloat16 GEMM of the same shape: the linear layers of the Llama-3.1-8B shape at 1 to 256 rows.
 
     python kernels/quant_gemm_bench.py [--out kernels/results/quant/h200]
 
@@ -20,7 +20,8 @@ from paged_infer.model.quantization import FP8, QuantLinear, QuantScheme, dequan
 from paged_infer.ops.quant_gemm import DEQUANT_ROWS, GEMV_ROWS, fp8_gemm, int_gemm, int_gemm_config, int_gemv_config  # noqa: E402
 
 SHAPES = {'qkv': (4096, 6144), 'o': (4096, 4096), 'gate_up': (4096, 28672), 'down': (14336, 4096)}  # (K, N)
-ROWS = (1, 4, 16, 256)
+ROWS = (1, 2, 4, 8, 16, 256)
+ROW_KERNEL_ROWS = 8  # the row kernels are tried up to this many rows, whatever GEMV_ROWS says
 VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below DEQUANT_ROWS)
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=1),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4),
@@ -29,7 +30,7 @@ VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below 
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=2),
 ]
-GEMV_VARIANTS = [  # keywords of `int_gemv_config` (rows up to GEMV_ROWS), and extra launch options
+GEMV_VARIANTS = [  # keywords of `int_gemv_config` (tried up to ROW_KERNEL_ROWS rows), and extra launch options
     dict(block_n=64, programs=528),
     dict(block_n=64, programs=2112),
     dict(block_n=128),
@@ -41,6 +42,11 @@ GEMV_VARIANTS = [  # keywords of `int_gemv_config` (rows up to GEMV_ROWS), and e
     dict(block_n=128, num_stages=2),
     dict(block_n=64, OUT=torch.bfloat16),
     dict(block_n=128, programs=264),
+    dict(block_n=64, rows=2),  # several rows a program (`_int_gemv_rows_kernel`)
+    dict(block_n=64, rows=4),
+    dict(block_n=128, rows=4, num_warps=8),
+    dict(block_n=64, rows=8),
+    dict(block_n=32, rows=8),
 ]
 
 
@@ -102,7 +108,8 @@ def check(failures):
             for bits, group in [(4, 128), (4, 64), (8, 128)]:
                 qw, s, z = random_int(K, N, bits, group, seed=M + K + bits + group)
                 want = x.float() @ dequantize_int(qw, s, z, bits).float()
-                gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS] if M <= GEMV_ROWS else []
+                rows_ok = M <= ROW_KERNEL_ROWS
+                gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS if rows_ok and c.get('rows', 1) <= M]
                 for c in [None, *VARIANTS, *gemvs]:
                     if c is not None and (group % c['BLOCK_K'] or K % (c['BLOCK_K'] * c['SPLIT_K'])):
                         continue
@@ -152,8 +159,10 @@ def bench(out: Path):
                     if K % (c['BLOCK_K'] * c['SPLIT_K']) == 0:
                         cases[f'int4-g128-dot{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
                                                       n4, c)
-            if M <= GEMV_ROWS:
+            if M <= ROW_KERNEL_ROWS:
                 for j, v in enumerate(GEMV_VARIANTS):
+                    if v.get('rows', 1) > M:
+                        continue
                     c = gemv(v, M, N, K)
                     cases[f'int4-g128-row{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
                                                   n4, c)

@@ -96,6 +96,43 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stri
     else:
         tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
 
+@triton.jit
+def _int_gemv_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
+                          GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SPLIT_K: tl.constexpr, ROWS: tl.constexpr):
+    "`_int_gemv_kernel` for ROWS rows of x a program: each weight word loaded and unpacked once for all of them."
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    PER: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    WORDS: tl.constexpr = BLOCK_K // PER
+    rm = pid_m * ROWS + tl.arange(0, ROWS)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, WORDS)
+    acc = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)
+    k_split = K // SPLIT_K
+    for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
+        q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
+                    eviction_policy='evict_first')  # (WORDS, BN)
+        part = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)
+        x_sum = tl.zeros((ROWS, WORDS), dtype=tl.float32)
+        for i in tl.static_range(PER):
+            xi = tl.load(x_ptr + rm[:, None] * stride_xm + k0 + rw[None, :] * PER + i, mask=rm[:, None] < M,
+                         other=0.0).to(tl.float32)  # (ROWS, WORDS)
+            u = ((q >> (i * BITS)) & MASK).to(tl.float32)  # (WORDS, BN), once for every row
+            part += u[None, :, :] * xi[:, :, None]
+            x_sum += xi
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
+        acc += s[None, None, :] * (part - z[None, None, :] * x_sum[:, :, None])
+    y = tl.sum(acc, axis=1)  # (ROWS, BN)
+    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
+    keep = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=keep)
+    else:
+        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=keep)
+
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
 GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`); see below
@@ -114,14 +151,16 @@ def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
 
 
 def int_gemv_config(M: int, N: int, K: int, group: int, block_n: int = 64, block_k: int = 128,
-                    programs: int = 1056, num_warps: int = 4) -> dict:
-    "Tiles and K split of `_int_gemv_kernel`: K split until the grid has `programs` programs (8 an H200 SM)."
+                    programs: int = 1056, num_warps: int = 4, rows: int = 1) -> dict:
+    """Tiles and K split of `_int_gemv_kernel`: K split until the grid has `programs` programs (8 an H200 SM).
+    `rows` > 1 (a power of two): that many rows a program, through `_int_gemv_rows_kernel`."""
     block_k = min(group, block_k)
-    tiles = M * triton.cdiv(N, block_n)
+    tiles = triton.cdiv(M, rows) * triton.cdiv(N, block_n)
     split = 1
     while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
         split *= 2
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps)
+    config = dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps)
+    return config | {'ROWS': rows} if rows > 1 else config
 
 
 def dequantize_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
@@ -155,7 +194,11 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     out = torch.zeros(M, N, dtype=acc_dtype, device=x.device) if split > 1 else x.new_empty(M, N)
     args = (x, qweight, scales, zeros, out)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0))
-    if gemv:
+    if gemv and c.get('ROWS', 1) > 1:  # several rows a program (`_int_gemv_rows_kernel`)
+        grid = (triton.cdiv(M, c['ROWS']), triton.cdiv(N, c['BLOCK_N']), split)
+        _int_gemv_rows_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
+    elif gemv:
+        c.pop('ROWS', None)
         _int_gemv_kernel[(M, triton.cdiv(N, c['BLOCK_N']), split)](*args, N, K, *strides, GROUP=group, BITS=bits, **c)
     else:
         grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), split)
