@@ -18,6 +18,7 @@ import paged_infer.core.engine as engine_module
 from paged_infer.core.engine import LLMEngine
 from paged_infer.core.sampling_params import SamplingParams
 from paged_infer.model.default_model import default_model_dir
+from paged_infer.worker.cpu_linear import PackedLinear
 
 
 def main():
@@ -43,7 +44,8 @@ def main():
     for _ in range(a.steps):
         engine.step()
     step = (time.perf_counter() - t) / a.steps
-    print(f'dtype {a.dtype}, {"plain" if a.plain else "packed"}: a decode step of {len(engine.scheduler.running)} '
+    packed = any(isinstance(m, PackedLinear) for m in engine.model.modules())
+    print(f'dtype {a.dtype}, {"packed" if packed else "plain"}: a decode step of {len(engine.scheduler.running)} '
           f'sequences {step * 1e3:.1f} ms (mean of {a.steps})')
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):

@@ -183,7 +183,8 @@ class _DecodeGroup:
 
 
 def _decode_groups(m: AttentionMetadata, keep: float = 0.7) -> list:
-    "The step's decodes as `_DecodeGroup`s (`length_groups`), made on the first layer's call and kept on `m`."
+    """The step's decodes as `_DecodeGroup`s (`length_groups`), made on the first layer's call and kept on `m` (with
+    the `keep` of that call: later calls get the kept plan)."""
     if (plan := getattr(m, '_decode_plan', None)) is not None:
         return plan
     s0, device = m.num_prefills, m.block_tables.device

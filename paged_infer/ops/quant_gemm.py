@@ -154,6 +154,7 @@ def int_gemv_config(M: int, N: int, K: int, group: int, block_n: int = 64, block
                     programs: int = 1056, num_warps: int = 4, rows: int = 1) -> dict:
     """Tiles and K split of `_int_gemv_kernel`: K split until the grid has `programs` programs (8 an H200 SM).
     `rows` > 1 (a power of two): that many rows a program, through `_int_gemv_rows_kernel`."""
+    assert rows >= 1 and rows & (rows - 1) == 0, f'rows {rows}: a power of two'
     block_k = min(group, block_k)
     tiles = triton.cdiv(M, rows) * triton.cdiv(N, block_n)
     split = 1

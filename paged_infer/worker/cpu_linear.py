@@ -50,7 +50,11 @@ class PackedLinear(nn.Module):
 
 
 # %% ../../nbs/11c_cpu_linear.ipynb #a291918f
-_packed = weakref.WeakValueDictionary()  # (weights key, layer name) -> packed weight, while some model holds it
+_packed = weakref.WeakValueDictionary()  # (weights key, layer, dtype, shape, bias) -> packed weight, while held
+
+
+def _bf16_instructions() -> bool:
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _plain(*layers) -> bool:
@@ -59,11 +63,13 @@ def _plain(*layers) -> bool:
 
 def _shared_pack(key, name: str, linear: nn.Linear) -> torch.Tensor:
     "The packed weight of layer `name`: the one a model of the same weights (`key`) holds already, else a new one."
-    packed = None if key is None else _packed.get((key, name))
+    w = linear.weight
+    full_key = None if key is None else (key, name, w.dtype, tuple(w.shape), linear.bias is not None)
+    packed = None if full_key is None else _packed.get(full_key)
     if packed is None:
-        packed = pack_weight(linear.weight)
-    if key is not None:
-        _packed[key, name] = packed
+        packed = pack_weight(w)
+    if full_key is not None:
+        _packed[full_key] = packed
     return packed
 
 
@@ -71,19 +77,21 @@ def _return_freed_memory():
     "Give the heap's free pages back to the system (glibc's malloc_trim): the stacked copies, freed after packing."
     try:
         ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):  # another C library: its pages stay with the process until reused
+    except (AttributeError, OSError, TypeError):  # not glibc: its pages stay with the process until reused
         pass
 
 
 @torch.no_grad()
 def use_cpu_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Stack each layer's float q/k/v and gate/up projections, then pack every float `nn.Linear` for oneDNN (CPU).
-    Models loaded from the same files (`model.weights_key`, set by `load_model`) share their packed weights."""
-    dtype = model.lm_head.weight.dtype
-    if model.lm_head.weight.device.type != 'cpu':
+    Models loaded from the same files (`model.weights_key`, set by `load_model`) share their packed weights: a model
+    whose weights change after loading must drop its key first (`del model.weights_key`)."""
+    embed = model.model.embed_tokens.weight
+    dtype = embed.dtype
+    if embed.device.type != 'cpu':
         return model
     if not can_pack(dtype):
-        if dtype == torch.bfloat16:
+        if dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() and not _bf16_instructions():
             log.warning('this CPU has no bfloat16 instructions: its bfloat16 products are emulated, several times '
                         "slower than float32's; dtype='float32' runs faster")
         return model

@@ -9,6 +9,7 @@ __all__ = ['load_model', 'use_triton', 'HostBatch', 'StepInput', 'ModelRunner', 
 import json
 from dataclasses import dataclass, field
 import operator
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -27,10 +28,11 @@ from .cuda_graphs import DecodeGraphs
 
 
 # %% ../../nbs/11_model_runner.ipynb #95873c37
-def _weights_key(folder, model, quantization) -> tuple:
-    "What identifies a model's loaded weights in this process: its files (and their times), dtype and quantization."
-    files = safetensors_files(folder)
-    return str(folder), tuple(f.stat().st_mtime_ns for f in files), str(model.lm_head.weight.dtype), quantization
+def _weights_key(folder, dtype: torch.dtype, quantization) -> tuple:
+    "What identifies a model's loaded weights in a process: its files (path, inode, size, time), dtype, quantization."
+    stats = [f.stat() for f in safetensors_files(folder)]
+    files = tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
+    return str(Path(folder).resolve()), files, str(dtype), quantization
 
 
 def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', load_format='auto',
@@ -56,7 +58,7 @@ def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', 
         dummy_weights(model, parse_dtype(dtype, device), device)
     else:
         load_weights(model, folder, parse_dtype(dtype, device), device)
-        model.weights_key = _weights_key(folder, model, quantization)  # models of the same files share packed copies
+        model.weights_key = _weights_key(folder, parse_dtype(dtype, device), quantization)  # chapter 11c shares by it
     if attention == 'triton' or (attention == 'auto' and torch.device(device).type == 'cuda'):
         use_triton(model)
     return model.eval(), load_tokenizer(folder)
