@@ -133,7 +133,10 @@ class ModelRunner:
                 k, v = self.kv_layers[0]
                 compile_attention_kernels(k, v, k.shape[2] * (self.config.num_heads // self.config.num_kv_heads))
         pin = self.device.type == 'cuda'  # pinned CPU memory makes swap copies asynchronous
-        self.cpu_cache = allocate_kv_cache(self.config, num_cpu_blocks, block_size, self.dtype, 'cpu')
+        swap = allocate_kv_cache(self.config, num_cpu_blocks, block_size, self.dtype, 'meta')  # its shape, no memory
+        # a block is swapped out before it is read back: the swap pool needs no zeros, and the system gives it pages
+        # only as blocks are swapped out (a CPU engine's swap pool mostly stays idle)
+        self.cpu_cache = torch.empty_like(swap, device='cpu')
         if pin and num_cpu_blocks:
             self.cpu_cache = self.cpu_cache.pin_memory()
         self.eos_token_id, self.sampler = eos_token_id, sampler or Sampler()
