@@ -138,6 +138,11 @@ def test_tokens_per_step_add_up_to_the_token_counters(run):
     assert all(x.value <= y.value for x, y in zip(buckets, buckets[1:])), 'cumulative buckets'
 
 
+def logged(caplog) -> list:
+    "The request log's lines so far, as dicts."
+    return [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == 'paged_infer.requests']
+
+
 def test_a_request_hung_up_on_while_it_waits_is_counted_and_logged_as_aborted(caplog):
     """One sequence runs at a time. A stream runs, a second request waits behind it; its client gives up (a read
     timeout) before it got any output, then the stream's client hangs up too. Both count as `abort` in
@@ -157,12 +162,15 @@ def test_a_request_hung_up_on_while_it_waits_is_counted_and_logged_as_aborted(ca
                 next(events)  # the stream runs: the next request waits for its sequence slot
                 with pytest.raises(httpx.ReadTimeout):
                     httpx.post(url + '/v1/completions', json=body, timeout=httpx.Timeout(60, read=1.0))
+                deadline = time.monotonic() + 10
+                while not logged(caplog) and time.monotonic() < deadline:  # the server sees the hang-up first:
+                    time.sleep(0.05)  # closing the stream before that would free the slot for the waiting one
                 assert engine.engine.has_unfinished_requests()
             deadline = time.monotonic() + 10
             while engine.engine.has_unfinished_requests() and time.monotonic() < deadline:
                 time.sleep(0.05)
             after = scrape(url)
-            lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == 'paged_infer.requests']
+            lines = logged(caplog)
     finally:
         engine.shutdown()
     d = lambda family, sample=None, **labels: value(after, family, sample, **labels) - value(before, family, sample,
