@@ -19,13 +19,18 @@ log = logging.getLogger('paged_infer')
 
 
 # %% ../../nbs/11c_cpu_linear.ipynb #eba9d00b
+def _bf16_instructions() -> bool:
+    "Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), as oneDNN sees it."
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def can_pack(dtype: torch.dtype) -> bool:
     "Whether oneDNN multiplies by a packed weight of `dtype` on this CPU (float32; bfloat16 where the CPU has it)."
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')):
         return False
     if dtype == torch.float32:
         return True
-    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.bfloat16 and _bf16_instructions()
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -51,10 +56,6 @@ class PackedLinear(nn.Module):
 
 # %% ../../nbs/11c_cpu_linear.ipynb #a291918f
 _packed = weakref.WeakValueDictionary()  # (weights key, layer, dtype, shape, bias) -> packed weight, while held
-
-
-def _bf16_instructions() -> bool:
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _plain(*layers) -> bool:
