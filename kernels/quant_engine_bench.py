@@ -27,6 +27,7 @@ from paged_infer.bench.vllm_peer import engine_spec, latency_spec, peer_env, pee
 from paged_infer.bench.workloads import make_random_model, make_workload  # noqa: E402
 from paged_infer.core.config import EngineConfig  # noqa: E402
 from paged_infer.core.engine import LLMEngine  # noqa: E402
+from paged_infer.ops import quant_gemm  # noqa: E402
 
 PROMPT, OUTPUT = 128, 32
 
@@ -100,7 +101,16 @@ def main():
     p.add_argument('--batch-sizes', default='1,16,256')
     p.add_argument('--requests', type=int, default=256, help='sharegpt-like requests for throughput; 0: none')
     p.add_argument('--out', default='kernels/results/quant/h200')
+    p.add_argument('--name', default='engine.json', help='the file our rows go to, in --out')
+    p.add_argument('--gemv-rows', type=int, help='quant_gemm.GEMV_ROWS for this run (default: as committed)')
+    p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     a = p.parse_args()
+    settings = dict(GEMV_ROWS=quant_gemm.GEMV_ROWS, FP8_DOT_ROWS=quant_gemm.FP8_DOT_ROWS)
+    if a.gemv_rows is not None:
+        settings['GEMV_ROWS'] = quant_gemm.GEMV_ROWS = a.gemv_rows
+    if a.fp8_dot_rows is not None:
+        settings['FP8_DOT_ROWS'] = quant_gemm.FP8_DOT_ROWS = a.fp8_dot_rows
+    print('settings:', settings)
     folder = make_random_model(a.shape, tokenizer_folder=a.tokenizer, weights=False)
     vocab = json.loads((folder / 'config.json').read_text())['vocab_size']
     workload = make_workload('sharegpt-like', a.requests, vocab_size=vocab) if a.requests else None
@@ -109,7 +119,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
     for engine in a.engines.split(','):
-        path = out / ('engine.json' if engine == 'ours' else 'vllm.json')
+        path = out / (a.name if engine == 'ours' else 'vllm.json')
         old = json.loads(path.read_text()) if path.exists() else {}
         rows = old['results'] if old.get('shape') == a.shape else []  # other methods of the same shape are kept
         for method in a.methods.split(','):
@@ -117,7 +127,7 @@ def main():
                 folder, method, batch_sizes, workload, out)
             rows = [r for r in rows if r['method'] != method] + [row]
             path.write_text(json.dumps(dict(device=device, shape=a.shape, prompt=PROMPT, output=OUTPUT,
-                                            requests=a.requests, results=rows), indent=1))
+                                            requests=a.requests, settings=settings, results=rows), indent=1))
         base = {r['method']: r for r in rows}.get('bf16')
         for r in rows:
             if base:

@@ -17,43 +17,49 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paged_infer.model.quantization import FP8, QuantLinear, QuantScheme, dequantize_int, fp8_from_float, pack_int32  # noqa: E402
-from paged_infer.ops.quant_gemm import DEQUANT_ROWS, GEMV_ROWS, fp8_gemm, int_gemm, int_gemm_config, int_gemv_config  # noqa: E402
+from paged_infer.ops.quant_gemm import (DEQUANT_ROWS, FP8_DOT_ROWS, GEMV_ROWS, fp8_dot, fp8_gemm,  # noqa: E402
+                                        fp8_gemm_config, int_gemm, int_gemm_config, int_gemv_config,
+                                        quantize_fp8_rows_triton)
 
 SHAPES = {'qkv': (4096, 6144), 'o': (4096, 4096), 'gate_up': (4096, 28672), 'down': (14336, 4096)}  # (K, N)
-ROWS = (1, 2, 4, 8, 16, 256)
-ROW_KERNEL_ROWS = 8  # the row kernels are tried up to this many rows, whatever GEMV_ROWS says
+ROWS = (1, 2, 4, 8, 16, 64, 256)
+ROW_KERNEL_ROWS = 8  # the row kernel is tried up to this many rows (that many rows a program), whatever GEMV_ROWS says
+FP8_TRITON_MAX = 64  # the float8 Triton kernel is tried up to this many rows, whatever FP8_DOT_ROWS says
 VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below DEQUANT_ROWS)
-    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=1),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=2, num_warps=8),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=8),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
-    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=2),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, UNPACK='cast'),
 ]
-GEMV_VARIANTS = [  # keywords of `int_gemv_config` (tried up to ROW_KERNEL_ROWS rows), and extra launch options
-    dict(block_n=64, programs=528),
-    dict(block_n=64, programs=2112),
+GEMV_VARIANTS = [  # keywords of `int_gemv_config` (rows = the product's rows), and extra launch options
+    dict(block_n=64, unpack='cast'),  # the kernel as it was measured before the bit trick
+    dict(block_n=64),
     dict(block_n=128),
     dict(block_n=128, num_warps=8),
     dict(block_n=256, programs=528, num_warps=8),
     dict(block_n=32, num_warps=2),
-    dict(block_n=64, block_k=64),
+    dict(block_n=64, programs=528),
+    dict(block_n=64, programs=2112),
     dict(block_n=64, num_stages=4),
-    dict(block_n=128, num_stages=2),
-    dict(block_n=64, OUT=torch.bfloat16),
-    dict(block_n=128, programs=264),
-    dict(block_n=64, rows=2),  # several rows a program (`_int_gemv_rows_kernel`)
-    dict(block_n=64, rows=4),
-    dict(block_n=128, rows=4, num_warps=8),
-    dict(block_n=64, rows=8),
-    dict(block_n=32, rows=8),
+]
+FP8_VARIANTS = [  # keywords of `fp8_gemm_config`
+    dict(),
+    dict(block_n=128),
+    dict(programs=528),
+    dict(block_n=128, num_warps=8),
+    dict(block_k=256),
 ]
 
 
 def gemv(v: dict, M: int, N: int, K: int) -> dict:
-    "A GEMV variant for this shape: `int_gemv_config`'s tiles and split, plus the variant's launch options."
+    "A row-kernel variant for this shape: `int_gemv_config`'s tiles and split (M rows a program), plus launch options."
     launch = {k: v[k] for k in ('num_stages', 'OUT') if k in v}
-    return int_gemv_config(M, N, K, 128, **{k: x for k, x in v.items() if k not in launch}) | launch
+    return int_gemv_config(M, N, K, 128, rows=M, **{k: x for k, x in v.items() if k not in launch}) | launch
+
+
+def fp8_triton(x, layer, config):
+    "A float8 layer's product through `_fp8_gemm_kernel` with this config, the per-token quantization included."
+    x8, xs = quantize_fp8_rows_triton(x)
+    return fp8_dot(x8, layer.weight, xs, layer.weight_scale, x.dtype, config)
 
 
 def time_graph(make, nbytes: int, reps: int = 20) -> float:
@@ -108,9 +114,12 @@ def check(failures):
             for bits, group in [(4, 128), (4, 64), (8, 128)]:
                 qw, s, z = random_int(K, N, bits, group, seed=M + K + bits + group)
                 want = x.float() @ dequantize_int(qw, s, z, bits).float()
-                rows_ok = M <= ROW_KERNEL_ROWS
-                gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS if rows_ok and c.get('rows', 1) <= M]
-                for c in [None, *VARIANTS, *gemvs]:
+                every = (bits, group) == (4, 128)  # every variant on int4 g128; the others: defaults, both unpacks
+                gemv_ok = M <= ROW_KERNEL_ROWS
+                gemvs = [int_gemv_config(M, N, K, group, rows=M, unpack=u) for u in ('bits', 'cast') if gemv_ok]
+                if every:
+                    gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS if gemv_ok]
+                for c in [None, *(VARIANTS if every and M < DEQUANT_ROWS else []), *gemvs]:
                     if c is not None and (group % c['BLOCK_K'] or K % (c['BLOCK_K'] * c['SPLIT_K'])):
                         continue
                     got = int_gemm(x, qw, s, z, bits, group, c).float()
@@ -125,8 +134,20 @@ def check(failures):
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 if err > 2e-2:
                     failures.append(f'fp8 {act} {name} M={M}: rel err {err:.3g}')
-    print('checked: int4 g128/g64, int8 g128 (default tiles,', len(VARIANTS), 'dot and', len(GEMV_VARIANTS),
-          'row variants), fp8 token/tensor;',
+            if M <= FP8_TRITON_MAX:
+                layer = fp8_layer(K, N, 'token')
+                x8, xs = quantize_fp8_rows_triton(x)
+                want = torch._scaled_mm(x8, layer.weight.T, scale_a=xs, scale_b=layer.weight_scale[None, :],
+                                        out_dtype=torch.bfloat16).float()
+                for v in FP8_VARIANTS:
+                    got = fp8_dot(x8, layer.weight, xs, layer.weight_scale, torch.bfloat16,
+                                  fp8_gemm_config(M, N, K, **v)).float()
+                    err = ((got - want).abs().max() / want.abs().max()).item()
+                    if err > 2e-2:
+                        failures.append(f'fp8 triton {name} M={M} {v}: rel err {err:.3g}')
+    print('checked: int4 g128 (default tiles,', len(VARIANTS), 'dot and', len(GEMV_VARIANTS),
+          'row variants), int4 g64 and int8 g128 (defaults, both unpacks), fp8 token/tensor,', len(FP8_VARIANTS),
+          'fp8 Triton variants;',
           'failures:', len(failures))
 
 
@@ -152,20 +173,28 @@ def bench(out: Path):
                               'default'),
                 'fp8-gemm-only': (lambda i: lambda: torch._scaled_mm(x8, f8[i % 16].weight.T, scale_a=xs,
                                   scale_b=f8[i % 16].weight_scale[None], out_dtype=torch.bfloat16), K * N, ''),
-                'fp8+token-quant': (lambda i: lambda: f8[i % 16](x), K * N, ''),
+                'fp8+token-quant': (lambda i: lambda: f8[i % 16](x), K * N,
+                                    'Triton' if M <= FP8_DOT_ROWS else 'torch._scaled_mm'),
             }
-            if M < DEQUANT_ROWS:
+            if 1 < M < DEQUANT_ROWS:
                 for j, c in enumerate(VARIANTS):
                     if K % (c['BLOCK_K'] * c['SPLIT_K']) == 0:
                         cases[f'int4-g128-dot{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
                                                       n4, c)
             if M <= ROW_KERNEL_ROWS:
                 for j, v in enumerate(GEMV_VARIANTS):
-                    if v.get('rows', 1) > M:
-                        continue
                     c = gemv(v, M, N, K)
                     cases[f'int4-g128-row{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
                                                   n4, c)
+                cases['int8-g128-row-cast'] = (lambda i: lambda: int_gemm(x, *int8[i % 16], 8, 128, int_gemv_config(
+                    M, N, K, 128, rows=M, unpack='cast')), K * N + 4 * K // 128 * N, 'rows=M cast')
+                cases['int8-g128-row-bits'] = (lambda i: lambda: int_gemm(x, *int8[i % 16], 8, 128, int_gemv_config(
+                    M, N, K, 128, rows=M)), K * N + 4 * K // 128 * N, 'rows=M bits')
+            if M <= FP8_TRITON_MAX:
+                for j, v in enumerate(FP8_VARIANTS):
+                    c = fp8_gemm_config(M, N, K, **v)
+                    cases[f'fp8-triton{j}+token-quant'] = (lambda i, c=c: lambda: fp8_triton(x, f8[i % 16], c),
+                                                            K * N, c)
             for method, (make, nbytes, cfg) in cases.items():
                 try:
                     us = time_graph(make, nbytes)
@@ -174,7 +203,8 @@ def bench(out: Path):
                     continue
                 if cfg == 'default':
                     cfg = 'dequantize + cuBLAS' if M >= DEQUANT_ROWS else (
-                        int_gemv_config(M, N, K, 128) if M <= GEMV_ROWS else int_gemm_config(M, N, K, 128))
+                        int_gemv_config(M, N, K, 128, rows=triton.next_power_of_2(M)) if M <= GEMV_ROWS
+                        else int_gemm_config(M, N, K, 128))
                 cfg = {k: str(v) for k, v in cfg.items()} if isinstance(cfg, dict) else cfg
                 rows.append(dict(layer=name, K=K, N=N, M=M, method=method, us=round(us, 2),
                                  weight_GBps=round(nbytes / us / 1e3, 1), config=cfg))

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['DEQUANT_ROWS', 'GEMV_ROWS', 'int_gemm_config', 'int_gemv_config', 'dequantize_triton', 'int_gemm',
-           'quantize_fp8_rows_triton', 'fp8_gemm', 'int_layer_gemm', 'quant_kernel']
+           'quantize_fp8_rows_triton', 'fp8_gemm_config', 'fp8_dot', 'fp8_gemm', 'int_layer_gemm', 'quant_kernel']
 
 # %% ../../nbs/15g_quant_gemm.ipynb #950f1cd9
 import torch
@@ -15,9 +15,15 @@ from ..model.quantization import FP8, QuantLinear, QuantScheme
 
 # %% ../../nbs/15g_quant_gemm.ipynb #f36f8e4b
 @triton.jit
+def _as_float(u):
+    "Integers in [0, 2**23) as float32 without a conversion: their bits under the exponent of 2**23, then 2**23 off."
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -36,7 +42,8 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, s
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0)
         z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0)
-        w = (u.to(tl.float32) - z[None, :].to(tl.float32)) * s[None, :].to(tl.float32)
+        uf = u.to(tl.float32) if UNPACK == 'cast' else _as_float(u)
+        w = (uf - z[None, :].to(tl.float32)) * s[None, :].to(tl.float32)
         acc += tl.dot(x, w.to(x.dtype))
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     keep = (rm[:, None] < M) & (rn[None, :] < N)
@@ -58,73 +65,56 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qk, stride_sg, stri
     u = tl.reshape(u, (BLOCK_K, BLOCK_N))
     s = tl.load(s_ptr + (k0 // GROUP) * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + (k0 // GROUP) * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-    w = (u.to(tl.float32) - z[None, :]) * s[None, :]
+    w = (_as_float(u) - z[None, :]) * s[None, :]
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + k[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty), mask=rn[None, :] < N)
 
 
+# %% ../../nbs/15g_quant_gemm.ipynb #3e049a04
 @triton.jit
-def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stride_qk, stride_sg, stride_om,
-                     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr):
-    "One row of x a program: products and sums on the CUDA cores, no tensor-core dot padding the row to 16."
-    m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    PER: tl.constexpr = 32 // BITS
+def _value(q, xi, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
+    """Value i of each word of `q` as float32, and the inputs `xi` it multiplies. 'cast': shift, mask, convert.
+    'bits': the value masked where it lies, at bit p, under the exponent of 2**23 (no shift, no conversion): it comes
+    out 2**p times too large, and `xi` is scaled by 2**-p to match (exact: a power of two). Values that would reach
+    bit 23 are taken from the word shifted by 16 (one shift a word, not one a value)."""
     MASK: tl.constexpr = (1 << BITS) - 1
-    WORDS: tl.constexpr = BLOCK_K // PER
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, WORDS)
-    acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)  # summed over the words once, at the end
-    k_split = K // SPLIT_K
-    for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
-        q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
-                    eviction_policy='evict_first')  # (WORDS, BN): the weights are read once, keep x in cache
-        part = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)
-        x_sum = tl.zeros((WORDS,), dtype=tl.float32)
-        for i in tl.static_range(PER):  # value i of every word: input feature k0 + PER * word + i
-            xi = tl.load(x_ptr + m * stride_xm + k0 + rw * PER + i).to(tl.float32)
-            part += ((q >> (i * BITS)) & MASK).to(tl.float32) * xi[:, None]
-            x_sum += xi
-        g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc += s[None, :] * (part - z[None, :] * x_sum[:, None])  # sum (u - z) s x = s (sum u x - z sum x)
-    y = tl.sum(acc, axis=0)
-    out = out_ptr + m * stride_om + rn
-    if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
+    if UNPACK == 'cast':
+        return ((q >> (i * BITS)) & MASK).to(tl.float32), xi
     else:
-        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
+        HIGH: tl.constexpr = BITS * (i + 1) > 23
+        P: tl.constexpr = BITS * i - 16 if HIGH else BITS * i
+        word = q >> 16 if HIGH else q
+        return _as_float(word & (MASK << P)), xi * (1.0 / (1 << P))
+
 
 @triton.jit
-def _int_gemv_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
-                          GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT_K: tl.constexpr, ROWS: tl.constexpr):
-    "`_int_gemv_kernel` for ROWS rows of x a program: each weight word loaded and unpacked once for all of them."
+def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
+                     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, ROWS: tl.constexpr = 1, UNPACK: tl.constexpr = 'bits'):
+    "ROWS rows of x a program, on the CUDA cores: each weight word loaded and unpacked once for all of them."
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
-    MASK: tl.constexpr = (1 << BITS) - 1
     WORDS: tl.constexpr = BLOCK_K // PER
     rm = pid_m * ROWS + tl.arange(0, ROWS)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, WORDS)
-    acc = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)  # summed over the words once, at the end
     k_split = K // SPLIT_K
     for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
         q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
-                    eviction_policy='evict_first')  # (WORDS, BN)
+                    eviction_policy='evict_first')  # (WORDS, BN): the weights are read once, keep x in cache
         part = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)
         x_sum = tl.zeros((ROWS, WORDS), dtype=tl.float32)
-        for i in tl.static_range(PER):
+        for i in tl.static_range(PER):  # value i of every word: input feature k0 + PER * word + i
             xi = tl.load(x_ptr + rm[:, None] * stride_xm + k0 + rw[None, :] * PER + i, mask=rm[:, None] < M,
                          other=0.0).to(tl.float32)  # (ROWS, WORDS)
-            u = ((q >> (i * BITS)) & MASK).to(tl.float32)  # (WORDS, BN), once for every row
-            part += u[None, :, :] * xi[:, :, None]
             x_sum += xi
+            u, xu = _value(q, xi, i, BITS, UNPACK)  # u (WORDS, BN): once for every row
+            part += u[None, :, :] * xu[:, :, None]
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc += s[None, None, :] * (part - z[None, None, :] * x_sum[:, :, None])
+        acc += s[None, None, :] * (part - z[None, None, :] * x_sum[:, :, None])  # s (sum u x - z sum x)
     y = tl.sum(acc, axis=1)  # (ROWS, BN)
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     keep = (rm[:, None] < M) & (rn[None, :] < N)
@@ -133,9 +123,10 @@ def _int_gemv_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_
     else:
         tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=keep)
 
+
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
-GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`); see below
+GEMV_ROWS = 1  # up to this many rows, the CUDA-core kernel (`_int_gemv_kernel`); see below
 
 
 def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
@@ -151,17 +142,16 @@ def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
 
 
 def int_gemv_config(M: int, N: int, K: int, group: int, block_n: int = 64, block_k: int = 128,
-                    programs: int = 1056, num_warps: int = 4, rows: int = 1) -> dict:
-    """Tiles and K split of `_int_gemv_kernel`: K split until the grid has `programs` programs (8 an H200 SM).
-    `rows` > 1 (a power of two): that many rows a program, through `_int_gemv_rows_kernel`."""
+                    programs: int = 1056, num_warps: int = 4, rows: int = 1, unpack: str = 'bits') -> dict:
+    """Tiles and K split of `_int_gemv_kernel`, `rows` (a power of two) rows a program: K split until the grid has
+    `programs` programs (8 an H200 SM). `unpack`: 'bits' or 'cast' (see `_value`)."""
     assert rows >= 1 and rows & (rows - 1) == 0, f'rows {rows}: a power of two'
     block_k = min(group, block_k)
     tiles = triton.cdiv(M, rows) * triton.cdiv(N, block_n)
     split = 1
     while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
         split *= 2
-    config = dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps)
-    return config | {'ROWS': rows} if rows > 1 else config
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, ROWS=rows, UNPACK=unpack, num_warps=num_warps)
 
 
 def dequantize_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
@@ -186,7 +176,8 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     if config is None and M >= DEQUANT_ROWS:
         return x @ dequantize_triton(qweight, scales, zeros, bits, group, x.dtype)
     if config is None:
-        config = int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
+        gemv_rows = int_gemv_config(M, N, K, group, rows=triton.next_power_of_2(M))
+        config = gemv_rows if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
     c = dict(config)
     gemv = 'BLOCK_M' not in c
     acc_dtype = c.pop('OUT', torch.float32)  # the split's atomic adds: in float32, then one cast
@@ -195,16 +186,17 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     out = torch.zeros(M, N, dtype=acc_dtype, device=x.device) if split > 1 else x.new_empty(M, N)
     args = (x, qweight, scales, zeros, out)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0))
-    if gemv and c.get('ROWS', 1) > 1:  # several rows a program (`_int_gemv_rows_kernel`)
-        grid = (triton.cdiv(M, c['ROWS']), triton.cdiv(N, c['BLOCK_N']), split)
-        _int_gemv_rows_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
-    elif gemv:
-        c.pop('ROWS', None)
-        _int_gemv_kernel[(M, triton.cdiv(N, c['BLOCK_N']), split)](*args, N, K, *strides, GROUP=group, BITS=bits, **c)
+    if gemv:
+        grid = (triton.cdiv(M, c.get('ROWS', 1)), triton.cdiv(N, c['BLOCK_N']), split)
+        _int_gemv_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     else:
         grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), split)
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     return out.to(x.dtype)
+
+
+# %% ../../nbs/15g_quant_gemm.ipynb #ffcf116f
+FP8_DOT_ROWS = 0  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
 
 # %% ../../nbs/15g_quant_gemm.ipynb #257a6ae8
 @triton.jit
@@ -234,6 +226,58 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple:
     return x8, scales
 
 
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    "x8 (M, K) @ w8 (N, K).T on float8 tensor cores, times the row and feature scales: for few rows, K split."
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_split = K // SPLIT_K
+    for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=rn[:, None] < N, other=0.0,
+                    eviction_policy='evict_first')
+        acc = tl.dot(x, tl.trans(w), acc)
+    xs = tl.load(xs_ptr + rm, mask=rm < M, other=0.0)
+    ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
+    y = acc * xs[:, None] * ws[None, :]
+    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
+    keep = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=keep)
+    else:
+        tl.atomic_add(out, y, mask=keep)
+
+
+def fp8_gemm_config(M: int, N: int, K: int, block_n: int = 64, block_k: int = 128, programs: int = 264,
+                    num_warps: int = 4) -> dict:
+    "Tiles and K split of `_fp8_gemm_kernel`: K split until the grid has `programs` programs (2 an H200 SM)."
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    split = 1
+    while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
+        split *= 2
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps)
+
+
+def fp8_dot(x8: torch.Tensor, w8: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, dtype: torch.dtype,
+            config: dict | None = None) -> torch.Tensor:
+    "`torch._scaled_mm(x8, w8.T, xs, ws)` through `_fp8_gemm_kernel`: x8 (M, K), w8 (N, K), xs (M, 1), ws (N,)."
+    M, K = x8.shape
+    N = w8.shape[0]
+    c = config or fp8_gemm_config(M, N, K)
+    assert K % (c['BLOCK_K'] * c['SPLIT_K']) == 0 and x8.stride(1) == 1 and w8.stride(1) == 1
+    split = c['SPLIT_K']
+    out = torch.zeros(M, N, dtype=torch.float32, device=x8.device) if split > 1 else torch.empty(
+        M, N, dtype=dtype, device=x8.device)
+    grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), split)
+    _fp8_gemm_kernel[grid](x8, w8, xs, ws, out, M, N, K, x8.stride(0), w8.stride(0), out.stride(0), **c)
+    return out.to(dtype)
+
+
 def fp8_gemm(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     "x (M, K) @ a float8 layer's weight: both in float8 through `torch._scaled_mm` (a weight-only layer: dequantized)."
     s = layer.scheme
@@ -244,6 +288,8 @@ def fp8_gemm(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     else:
         x8 = (x.float() / layer.input_scale).clamp(-448.0, 448.0).to(FP8)
         xs = layer.input_scale.reshape(1, 1).expand(x.shape[0], 1).contiguous()
+    if x.shape[0] <= FP8_DOT_ROWS:
+        return fp8_dot(x8, layer.weight, xs, layer.weight_scale, x.dtype)
     return torch._scaled_mm(x8, layer.weight.T, scale_a=xs, scale_b=layer.weight_scale[None, :], out_dtype=x.dtype)
 
 
