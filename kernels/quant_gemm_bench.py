@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paged_infer.model.quantization import FP8, QuantLinear, QuantScheme, dequantize_int, fp8_from_float, pack_int32  # noqa: E402
@@ -22,38 +23,54 @@ from paged_infer.ops.quant_gemm import (DEQUANT_ROWS, FP8_DOT_ROWS, GEMV_ROWS, f
                                         quantize_fp8_rows_triton)
 
 SHAPES = {'qkv': (4096, 6144), 'o': (4096, 4096), 'gate_up': (4096, 28672), 'down': (14336, 4096)}  # (K, N)
-ROWS = (1, 2, 4, 8, 16, 64, 256)
-ROW_KERNEL_ROWS = 8  # the row kernel is tried up to this many rows (that many rows a program), whatever GEMV_ROWS says
+ROWS = (1, 4, 16, 64, 256)
 FP8_TRITON_MAX = 64  # the float8 Triton kernel is tried up to this many rows, whatever FP8_DOT_ROWS says
-VARIANTS = [  # tile variants tried beside int_gemm_config's choice (rows below DEQUANT_ROWS)
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4),
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=8),
+VARIANTS = [  # tile variants tried beside int_gemm_config's choice (2 to 16 rows)
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, UNPACK='cast'),
 ]
-GEMV_VARIANTS = [  # keywords of `int_gemv_config` (rows = the product's rows), and extra launch options
-    dict(block_n=64, unpack='cast'),  # the kernel as it was measured before the bit trick
-    dict(block_n=64),
+GEMV_VARIANTS = [  # keywords of `int_gemv_config` (one row), and extra launch options
+    dict(unpack='cast'),  # the kernel as it was before the bit trick
     dict(block_n=128),
-    dict(block_n=128, num_warps=8),
-    dict(block_n=256, programs=528, num_warps=8),
     dict(block_n=32, num_warps=2),
-    dict(block_n=64, programs=528),
-    dict(block_n=64, programs=2112),
-    dict(block_n=64, num_stages=4),
+    dict(programs=528),
 ]
 FP8_VARIANTS = [  # keywords of `fp8_gemm_config`
     dict(),
-    dict(block_n=128),
-    dict(programs=528),
-    dict(block_n=128, num_warps=8),
     dict(block_k=256),
 ]
 
 
+@triton.jit
+def _probe_kernel(qw_ptr, out_ptr, N, K, stride_qk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr):
+    "Reads the packed int4 weight as `_int_gemv_kernel` does (same tiles, split, atomic adds), and unpacks nothing."
+    pid_n, pid_k = tl.program_id(1), tl.program_id(2)
+    WORDS: tl.constexpr = BLOCK_K // 8
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, WORDS)
+    acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.int32)
+    k_split = K // SPLIT_K
+    for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
+        q = tl.load(qw_ptr + (k0 // 8 + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
+                    eviction_policy='evict_first')
+        acc ^= q
+    tl.atomic_add(out_ptr + rn, tl.sum(acc, axis=0).to(tl.float32), mask=rn < N)
+
+
+def probe(qweight, K, N):
+    "The read-only probe on the default row config's grid, with its zeroed output and cast, as `int_gemm` runs."
+    c = int_gemv_config(1, N, K, 128)
+    out = torch.zeros(1, N, dtype=torch.float32, device=qweight.device)
+    grid = (1, triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
+    _probe_kernel[grid](qweight, out, N, K, qweight.stride(0), BLOCK_N=c['BLOCK_N'], BLOCK_K=c['BLOCK_K'],
+                        SPLIT_K=c['SPLIT_K'], num_warps=c['num_warps'])
+    return out.to(torch.bfloat16)
+
+
 def gemv(v: dict, M: int, N: int, K: int) -> dict:
-    "A row-kernel variant for this shape: `int_gemv_config`'s tiles and split (M rows a program), plus launch options."
+    "A row-kernel variant for this shape: `int_gemv_config`'s tiles and split, plus launch options."
     launch = {k: v[k] for k in ('num_stages', 'OUT') if k in v}
-    return int_gemv_config(M, N, K, 128, rows=M, **{k: x for k, x in v.items() if k not in launch}) | launch
+    return int_gemv_config(M, N, K, 128, **{k: x for k, x in v.items() if k not in launch}) | launch
 
 
 def fp8_triton(x, layer, config):
@@ -115,11 +132,10 @@ def check(failures):
                 qw, s, z = random_int(K, N, bits, group, seed=M + K + bits + group)
                 want = x.float() @ dequantize_int(qw, s, z, bits).float()
                 every = (bits, group) == (4, 128)  # every variant on int4 g128; the others: defaults, both unpacks
-                gemv_ok = M <= ROW_KERNEL_ROWS
-                gemvs = [int_gemv_config(M, N, K, group, rows=M, unpack=u) for u in ('bits', 'cast') if gemv_ok]
+                gemvs = [int_gemv_config(M, N, K, group, unpack=u) for u in ('bits', 'cast') if M == 1]
                 if every:
-                    gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS if gemv_ok]
-                for c in [None, *(VARIANTS if every and M < DEQUANT_ROWS else []), *gemvs]:
+                    gemvs = [gemv(c, M, N, K) for c in GEMV_VARIANTS if M == 1]
+                for c in [None, *(VARIANTS if every and 1 < M < DEQUANT_ROWS else []), *gemvs]:
                     if c is not None and (group % c['BLOCK_K'] or K % (c['BLOCK_K'] * c['SPLIT_K'])):
                         continue
                     got = int_gemm(x, qw, s, z, bits, group, c).float()
@@ -176,22 +192,21 @@ def bench(out: Path):
                 'fp8+token-quant': (lambda i: lambda: f8[i % 16](x), K * N,
                                     'Triton' if M <= FP8_DOT_ROWS else 'torch._scaled_mm'),
             }
-            if 1 < M < DEQUANT_ROWS:
+            if 1 < M <= 16:
                 for j, c in enumerate(VARIANTS):
-                    if K % (c['BLOCK_K'] * c['SPLIT_K']) == 0:
-                        cases[f'int4-g128-dot{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
-                                                      n4, c)
-            if M <= ROW_KERNEL_ROWS:
+                    cases[f'int4-g128-dot{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
+                                                  n4, c)
+            if M == 1:
                 for j, v in enumerate(GEMV_VARIANTS):
                     c = gemv(v, M, N, K)
                     cases[f'int4-g128-row{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
                                                   n4, c)
                 cases['int8-g128-row-cast'] = (lambda i: lambda: int_gemm(x, *int8[i % 16], 8, 128, int_gemv_config(
-                    M, N, K, 128, rows=M, unpack='cast')), K * N + 4 * K // 128 * N, 'rows=M cast')
-                cases['int8-g128-row-bits'] = (lambda i: lambda: int_gemm(x, *int8[i % 16], 8, 128, int_gemv_config(
-                    M, N, K, 128, rows=M)), K * N + 4 * K // 128 * N, 'rows=M bits')
+                    M, N, K, 128, unpack='cast')), K * N + 4 * K // 128 * N, 'cast')
+                cases['int4-read-only-probe'] = (lambda i: lambda: probe(int4[i % copies][0], K, N), K * N // 2,
+                                                 'reads the packed weight, unpacks nothing')
             if M <= FP8_TRITON_MAX:
-                for j, v in enumerate(FP8_VARIANTS):
+                for j, v in enumerate(FP8_VARIANTS if M == 1 else FP8_VARIANTS[:1]):
                     c = fp8_gemm_config(M, N, K, **v)
                     cases[f'fp8-triton{j}+token-quant'] = (lambda i, c=c: lambda: fp8_triton(x, f8[i % 16], c),
                                                             K * N, c)
@@ -203,8 +218,7 @@ def bench(out: Path):
                     continue
                 if cfg == 'default':
                     cfg = 'dequantize + cuBLAS' if M >= DEQUANT_ROWS else (
-                        int_gemv_config(M, N, K, 128, rows=triton.next_power_of_2(M)) if M <= GEMV_ROWS
-                        else int_gemm_config(M, N, K, 128))
+                        int_gemv_config(M, N, K, 128) if M <= GEMV_ROWS else int_gemm_config(M, N, K, 128))
                 cfg = {k: str(v) for k, v in cfg.items()} if isinstance(cfg, dict) else cfg
                 rows.append(dict(layer=name, K=K, N=N, M=M, method=method, us=round(us, 2),
                                  weight_GBps=round(nbytes / us / 1e3, 1), config=cfg))

@@ -70,7 +70,7 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qk, stride_sg, stri
     tl.store(out_ptr + k[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty), mask=rn[None, :] < N)
 
 
-# %% ../../nbs/15g_quant_gemm.ipynb #3e049a04
+# %% ../../nbs/15g_quant_gemm.ipynb #d81d985b
 @triton.jit
 def _value(q, xi, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
     """Value i of each word of `q` as float32, and the inputs `xi` it multiplies. 'cast': shift, mask, convert.
@@ -88,45 +88,42 @@ def _value(q, xi, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
 
 
 @triton.jit
-def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
+def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stride_qk, stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, ROWS: tl.constexpr = 1, UNPACK: tl.constexpr = 'bits'):
-    "ROWS rows of x a program, on the CUDA cores: each weight word loaded and unpacked once for all of them."
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                     SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
+    "One row of x a program: products and sums on the CUDA cores, no tensor-core dot padding the row to 16."
+    m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER
-    rm = pid_m * ROWS + tl.arange(0, ROWS)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, WORDS)
-    acc = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)  # summed over the words once, at the end
+    acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)  # summed over the words once, at the end
     k_split = K // SPLIT_K
     for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
         q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
                     eviction_policy='evict_first')  # (WORDS, BN): the weights are read once, keep x in cache
-        part = tl.zeros((ROWS, WORDS, BLOCK_N), dtype=tl.float32)
-        x_sum = tl.zeros((ROWS, WORDS), dtype=tl.float32)
+        part = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)
+        x_sum = tl.zeros((WORDS,), dtype=tl.float32)
         for i in tl.static_range(PER):  # value i of every word: input feature k0 + PER * word + i
-            xi = tl.load(x_ptr + rm[:, None] * stride_xm + k0 + rw[None, :] * PER + i, mask=rm[:, None] < M,
-                         other=0.0).to(tl.float32)  # (ROWS, WORDS)
+            xi = tl.load(x_ptr + m * stride_xm + k0 + rw * PER + i).to(tl.float32)
             x_sum += xi
-            u, xu = _value(q, xi, i, BITS, UNPACK)  # u (WORDS, BN): once for every row
-            part += u[None, :, :] * xu[:, :, None]
+            u, xu = _value(q, xi, i, BITS, UNPACK)
+            part += u * xu[:, None]
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc += s[None, None, :] * (part - z[None, None, :] * x_sum[:, :, None])  # s (sum u x - z sum x)
-    y = tl.sum(acc, axis=1)  # (ROWS, BN)
-    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
-    keep = (rm[:, None] < M) & (rn[None, :] < N)
+        acc += s[None, :] * (part - z[None, :] * x_sum[:, None])  # sum (u - z) s x = s (sum u x - z sum x)
+    y = tl.sum(acc, axis=0)
+    out = out_ptr + m * stride_om + rn
     if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=keep)
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
     else:
-        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=keep)
+        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
-GEMV_ROWS = 1  # up to this many rows, the CUDA-core kernel (`_int_gemv_kernel`); see below
+GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`); see below
 
 
 def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
@@ -142,16 +139,15 @@ def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
 
 
 def int_gemv_config(M: int, N: int, K: int, group: int, block_n: int = 64, block_k: int = 128,
-                    programs: int = 1056, num_warps: int = 4, rows: int = 1, unpack: str = 'bits') -> dict:
-    """Tiles and K split of `_int_gemv_kernel`, `rows` (a power of two) rows a program: K split until the grid has
-    `programs` programs (8 an H200 SM). `unpack`: 'bits' or 'cast' (see `_value`)."""
-    assert rows >= 1 and rows & (rows - 1) == 0, f'rows {rows}: a power of two'
+                    programs: int = 1056, num_warps: int = 4, unpack: str = 'bits') -> dict:
+    """Tiles and K split of `_int_gemv_kernel`: K split until the grid has `programs` programs (8 an H200 SM).
+    `unpack`: 'bits' or 'cast' (see `_value`)."""
     block_k = min(group, block_k)
-    tiles = triton.cdiv(M, rows) * triton.cdiv(N, block_n)
+    tiles = M * triton.cdiv(N, block_n)
     split = 1
     while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
         split *= 2
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, ROWS=rows, UNPACK=unpack, num_warps=num_warps)
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, UNPACK=unpack, num_warps=num_warps)
 
 
 def dequantize_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
@@ -176,8 +172,7 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     if config is None and M >= DEQUANT_ROWS:
         return x @ dequantize_triton(qweight, scales, zeros, bits, group, x.dtype)
     if config is None:
-        gemv_rows = int_gemv_config(M, N, K, group, rows=triton.next_power_of_2(M))
-        config = gemv_rows if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
+        config = int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
     c = dict(config)
     gemv = 'BLOCK_M' not in c
     acc_dtype = c.pop('OUT', torch.float32)  # the split's atomic adds: in float32, then one cast
@@ -187,16 +182,15 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     args = (x, qweight, scales, zeros, out)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0))
     if gemv:
-        grid = (triton.cdiv(M, c.get('ROWS', 1)), triton.cdiv(N, c['BLOCK_N']), split)
-        _int_gemv_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
+        _int_gemv_kernel[(M, triton.cdiv(N, c['BLOCK_N']), split)](*args, N, K, *strides, GROUP=group, BITS=bits, **c)
     else:
         grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), split)
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     return out.to(x.dtype)
 
 
-# %% ../../nbs/15g_quant_gemm.ipynb #ffcf116f
-FP8_DOT_ROWS = 0  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
+# %% ../../nbs/15g_quant_gemm.ipynb #7b0283c5
+FP8_DOT_ROWS = 16  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
 
 # %% ../../nbs/15g_quant_gemm.ipynb #257a6ae8
 @triton.jit
