@@ -18,12 +18,12 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paged_infer.model.quantization import FP8, QuantLinear, QuantScheme, dequantize_int, fp8_from_float, pack_int32  # noqa: E402
-from paged_infer.ops.quant_gemm import (DEQUANT_ROWS, FP8_DOT_ROWS, GEMV_ROWS, fp8_dot, fp8_gemm,  # noqa: E402
-                                        fp8_gemm_config, int_gemm, int_gemm_config, int_gemv_config,
-                                        quantize_fp8_rows_triton)
+from paged_infer.ops.quant_gemm import (DEQUANT_ROWS, FP8_DOT_ROWS, GEMV_ROWS, _split_store, fp8_dot,  # noqa: E402
+                                        fp8_gemm, fp8_gemm_config, int_gemm, int_gemm_config, int_gemv_config,
+                                        quantize_fp8_rows_triton, split_buffers)
 
 SHAPES = {'qkv': (4096, 6144), 'o': (4096, 4096), 'gate_up': (4096, 28672), 'down': (14336, 4096)}  # (K, N)
-ROWS = (1, 4, 16, 64, 256)
+ROWS = (1, 4, 8, 16, 64, 256)
 FP8_TRITON_MAX = 64  # the float8 Triton kernel is tried up to this many rows, whatever FP8_DOT_ROWS says
 VARIANTS = [  # tile variants tried beside int_gemm_config's choice (2 to 16 rows)
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, UNPACK='cast'),
@@ -33,6 +33,7 @@ GEMV_VARIANTS = [  # keywords of `int_gemv_config` (one row), and extra launch o
     dict(block_n=128),
     dict(block_n=32, num_warps=2),
     dict(programs=528),
+    dict(programs=2112),
 ]
 FP8_VARIANTS = [  # keywords of `fp8_gemm_config`
     dict(),
@@ -41,9 +42,9 @@ FP8_VARIANTS = [  # keywords of `fp8_gemm_config`
 
 
 @triton.jit
-def _probe_kernel(qw_ptr, out_ptr, N, K, stride_qk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _probe_kernel(qw_ptr, out_ptr, part_ptr, lock_ptr, N, K, stride_qk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr):
-    "Reads the packed int4 weight as `_int_gemv_kernel` does (same tiles, split, atomic adds), and unpacks nothing."
+    "Reads the packed int4 weight as `_int_gemv_kernel` does (same tiles, split, the same store), and unpacks nothing."
     pid_n, pid_k = tl.program_id(1), tl.program_id(2)
     WORDS: tl.constexpr = BLOCK_K // 8
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -54,22 +55,24 @@ def _probe_kernel(qw_ptr, out_ptr, N, K, stride_qk, BLOCK_N: tl.constexpr, BLOCK
         q = tl.load(qw_ptr + (k0 // 8 + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
                     eviction_policy='evict_first')
         acc ^= q
-    tl.atomic_add(out_ptr + rn, tl.sum(acc, axis=0).to(tl.float32), mask=rn < N)
+    y = tl.sum(acc, axis=0).to(tl.float32)
+    _split_store(out_ptr, part_ptr, lock_ptr, y, rn, rn, rn < N, pid_n, pid_k, N, SPLIT_K)
 
 
 def probe(qweight, K, N):
-    "The read-only probe on the default row config's grid, with its zeroed output and cast, as `int_gemm` runs."
+    "The read-only probe on the default row config's grid, one launch as `int_gemm` runs it."
     c = int_gemv_config(1, N, K, 128)
-    out = torch.zeros(1, N, dtype=torch.float32, device=qweight.device)
+    out = torch.empty(1, N, dtype=torch.bfloat16, device=qweight.device)
     grid = (1, triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
-    _probe_kernel[grid](qweight, out, N, K, qweight.stride(0), BLOCK_N=c['BLOCK_N'], BLOCK_K=c['BLOCK_K'],
+    part, locks = split_buffers(1, N, grid[1], c['SPLIT_K'], qweight.device)
+    _probe_kernel[grid](qweight, out, part, locks, N, K, qweight.stride(0), BLOCK_N=c['BLOCK_N'], BLOCK_K=c['BLOCK_K'],
                         SPLIT_K=c['SPLIT_K'], num_warps=c['num_warps'])
-    return out.to(torch.bfloat16)
+    return out
 
 
 def gemv(v: dict, M: int, N: int, K: int) -> dict:
     "A row-kernel variant for this shape: `int_gemv_config`'s tiles and split, plus launch options."
-    launch = {k: v[k] for k in ('num_stages', 'OUT') if k in v}
+    launch = {k: v[k] for k in ('num_stages',) if k in v}
     return int_gemv_config(M, N, K, 128, **{k: x for k, x in v.items() if k not in launch}) | launch
 
 
@@ -192,7 +195,7 @@ def bench(out: Path):
                 'fp8+token-quant': (lambda i: lambda: f8[i % 16](x), K * N,
                                     'Triton' if M <= FP8_DOT_ROWS else 'torch._scaled_mm'),
             }
-            if 1 < M <= 16:
+            if 1 < M <= 16 and M != 8:
                 for j, c in enumerate(VARIANTS):
                     cases[f'int4-g128-dot{j}'] = (lambda i, c=c: lambda: int_gemm(x, *int4[i % copies], 4, 128, c),
                                                   n4, c)

@@ -21,7 +21,29 @@ def _as_float(u):
 
 
 @triton.jit
-def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
+def _split_store(out_ptr, part_ptr, lock_ptr, y, out_offs, part_offs, keep, tile, pid_k, part_size,
+                 SPLIT_K: tl.constexpr):
+    """Store `y`, a program's float32 result for one tile of the output. With K split, each program stores its partial
+    sum in slice `pid_k` of `part_ptr` instead, and counts itself in `lock_ptr[tile]`; the last of the tile's programs
+    to count adds the slices in order, writes the output in its dtype and sets the count back to zero. One launch: no
+    zeroed output before, no cast after, and the same sum every run (atomic adds arrive in any order)."""
+    if SPLIT_K == 1:
+        tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=keep)
+    else:
+        tl.store(part_ptr + pid_k * part_size + part_offs, y, mask=keep)
+        tl.debug_barrier()  # every thread of the program has stored its part before the count says so
+        done = tl.atomic_add(lock_ptr + tile, 1)  # acquire and release, GPU-wide
+        if done == SPLIT_K - 1:
+            total = tl.zeros_like(y)
+            for j in range(SPLIT_K):  # from L2 ('.cg'): the other programs' parts, not a stale line in this SM's L1
+                total += tl.load(part_ptr + j * part_size + part_offs, mask=keep, other=0.0, cache_modifier='.cg')
+            tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=keep)
+            tl.store(lock_ptr + tile, 0)  # ready for the next product: kernels of one stream run one after another
+
+
+@triton.jit
+def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_qk,
+                     stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -45,12 +67,10 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, s
         uf = u.to(tl.float32) if UNPACK == 'cast' else _as_float(u)
         w = (uf - z[None, :].to(tl.float32)) * s[None, :].to(tl.float32)
         acc += tl.dot(x, w.to(x.dtype))
-    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     keep = (rm[:, None] < M) & (rn[None, :] < N)
-    if SPLIT_K == 1:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=keep)
-    else:
-        tl.atomic_add(out, acc, mask=keep)
+    tile = pid_m * tl.num_programs(1) + pid_n
+    _split_store(out_ptr, part_ptr, lock_ptr, acc, rm[:, None] * stride_om + rn[None, :], rm[:, None] * N + rn[None, :],
+                 keep, tile, pid_k, M * N, SPLIT_K)
 
 
 @triton.jit
@@ -88,7 +108,8 @@ def _value(q, xi, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
 
 
 @triton.jit
-def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stride_qk, stride_sg, stride_om,
+def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N, K, stride_xm, stride_qk, stride_sg,
+                     stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
     "One row of x a program: products and sums on the CUDA cores, no tensor-core dot padding the row to 16."
@@ -114,11 +135,9 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_xm, stri
         z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
         acc += s[None, :] * (part - z[None, :] * x_sum[:, None])  # sum (u - z) s x = s (sum u x - z sum x)
     y = tl.sum(acc, axis=0)
-    out = out_ptr + m * stride_om + rn
-    if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
-    else:
-        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=rn < N)
+    tile = m * tl.num_programs(1) + pid_n
+    _split_store(out_ptr, part_ptr, lock_ptr, y, m * stride_om + rn, m * N + rn, rn < N, tile, pid_k,
+                 tl.num_programs(0) * N, SPLIT_K)
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
@@ -174,23 +193,36 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     if config is None:
         config = int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
     c = dict(config)
-    gemv = 'BLOCK_M' not in c
-    acc_dtype = c.pop('OUT', torch.float32)  # the split's atomic adds: in float32, then one cast
     assert group % c['BLOCK_K'] == 0 and K % (c['BLOCK_K'] * c['SPLIT_K']) == 0
-    split = c['SPLIT_K']
-    out = torch.zeros(M, N, dtype=acc_dtype, device=x.device) if split > 1 else x.new_empty(M, N)
-    args = (x, qweight, scales, zeros, out)
+    gemv = 'BLOCK_M' not in c
+    grid = (M if gemv else triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
+    out = x.new_empty(M, N)
+    part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x.device)
+    args = (x, qweight, scales, zeros, out, part, locks)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0))
     if gemv:
-        _int_gemv_kernel[(M, triton.cdiv(N, c['BLOCK_N']), split)](*args, N, K, *strides, GROUP=group, BITS=bits, **c)
+        _int_gemv_kernel[grid](*args, N, K, *strides, GROUP=group, BITS=bits, **c)
     else:
-        grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), split)
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
-    return out.to(x.dtype)
+    return out
+
+
+# %% ../../nbs/15g_quant_gemm.ipynb #a7c3e915
+LOCKS = 1 << 14  # output tiles a split product may have: one counter each, zero between products
+_locks = {}  # device -> its counters, made once (a CUDA graph keeps the address it captured)
+
+
+def split_buffers(M: int, N: int, tiles: int, split: int, device) -> tuple:
+    "The partial sums (split, M, N) of a split product (no zeroing needed) and the device's tile counters."
+    assert tiles <= LOCKS, f'{tiles} output tiles, more than LOCKS = {LOCKS}'
+    key = str(torch.device(device))
+    if key not in _locks:
+        _locks[key] = torch.zeros(LOCKS, dtype=torch.int32, device=device)
+    return torch.empty(max(split, 1), M, N, dtype=torch.float32, device=device), _locks[key]
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #7b0283c5
-FP8_DOT_ROWS = 16  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
+FP8_DOT_ROWS = 8  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
 
 # %% ../../nbs/15g_quant_gemm.ipynb #257a6ae8
 @triton.jit
@@ -221,7 +253,8 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple:
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+def _fp8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
+                     stride_om,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     "x8 (M, K) @ w8 (N, K).T on float8 tensor cores, times the row and feature scales: for few rows, K split."
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -238,12 +271,10 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, M, N, K, stride_xm, 
     xs = tl.load(xs_ptr + rm, mask=rm < M, other=0.0)
     ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
     y = acc * xs[:, None] * ws[None, :]
-    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     keep = (rm[:, None] < M) & (rn[None, :] < N)
-    if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=keep)
-    else:
-        tl.atomic_add(out, y, mask=keep)
+    tile = pid_m * tl.num_programs(1) + pid_n
+    _split_store(out_ptr, part_ptr, lock_ptr, y, rm[:, None] * stride_om + rn[None, :], rm[:, None] * N + rn[None, :],
+                 keep, tile, pid_k, M * N, SPLIT_K)
 
 
 def fp8_gemm_config(M: int, N: int, K: int, block_n: int = 64, block_k: int = 128, programs: int = 264,
@@ -264,12 +295,11 @@ def fp8_dot(x8: torch.Tensor, w8: torch.Tensor, xs: torch.Tensor, ws: torch.Tens
     N = w8.shape[0]
     c = config or fp8_gemm_config(M, N, K)
     assert K % (c['BLOCK_K'] * c['SPLIT_K']) == 0 and x8.stride(1) == 1 and w8.stride(1) == 1
-    split = c['SPLIT_K']
-    out = torch.zeros(M, N, dtype=torch.float32, device=x8.device) if split > 1 else torch.empty(
-        M, N, dtype=dtype, device=x8.device)
-    grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), split)
-    _fp8_gemm_kernel[grid](x8, w8, xs, ws, out, M, N, K, x8.stride(0), w8.stride(0), out.stride(0), **c)
-    return out.to(dtype)
+    grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
+    out = torch.empty(M, N, dtype=dtype, device=x8.device)
+    part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x8.device)
+    _fp8_gemm_kernel[grid](x8, w8, xs, ws, out, part, locks, M, N, K, x8.stride(0), w8.stride(0), out.stride(0), **c)
+    return out
 
 
 def fp8_gemm(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
