@@ -178,6 +178,7 @@ def test_llm_takes_vllms_speculative_config(shared):
     ({'method': 'ngram', 'num_speculative_tokens': 0}, '>= 1'),
     ({'method': 'ngram', 'num_speculative_tokens': 2, 'prompt_lookup_min': 3, 'prompt_lookup_max': 2}, 'min <= max'),
     ({'method': 'ngram', 'num_speculative_tokens': 2, 'lookahead': 1}, 'unknown key'),
+    ({'model': 'a-draft', 'num_speculative_tokens': 2, 'quantization': 'int3'}, "'int3': one of"),
     ('{"method": "ngram", ', 'not valid JSON'),
 ])
 def test_a_bad_speculative_config_is_named(bad, words):

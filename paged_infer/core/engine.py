@@ -108,7 +108,7 @@ def _load_draft_model(self: LLMEngine):
     c, sc = self.config, self.config.speculative_config
     if sc is None or sc.model is None:
         return None
-    draft, tokenizer = load_model(sc.model, c.dtype, c.device, load_format=c.load_format)
+    draft, tokenizer = load_model(sc.model, c.dtype, c.device, load_format=c.load_format, quantization=sc.quantization)
     if tokenizer.get_vocab() != self.tokenizer.get_vocab():  # (vocab_size may differ: padding, as Qwen2.5's do)
         raise EngineConfigError(
             f'the draft model\'s tokenizer ({len(tokenizer)} tokens) is not the target\'s ({len(self.tokenizer)}): '
