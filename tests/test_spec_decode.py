@@ -20,6 +20,7 @@ from paged_infer.core.sampling_params import SamplingParams
 from paged_infer.core.spec_decode import SpeculativeDecoding
 from paged_infer.entrypoints.llm import LLM
 from paged_infer.model.default_model import prepare_default_model
+from paged_infer.ops import sampler
 
 N_NEW = 32
 PASSAGE = ('A paged KV cache keeps each sequence in blocks of sixteen tokens, and a block table maps the positions of '
@@ -362,13 +363,32 @@ def tiny_draft(tiny, tmp_path_factory):
     return folder
 
 
-def test_draft_model_sampling_keeps_the_models_distribution(tiny, tiny_draft):
+def keep_every_guess(probs, sampled, guesses, generators, generator=None):
+    "A wrong check: every sampled draft token kept, whatever the target's distribution says of it."
+    rows = torch.tensor(guesses.rows, device=sampled.device)
+    return sampled.index_copy(0, rows, guesses.tokens)
+
+
+def test_draft_model_sampling_keeps_the_models_distribution(tiny, tiny_draft, monkeypatch):
+    "Sampled drafts of another model, checked against the target's probabilities: the target's distribution."
+    spec = {'model': str(tiny_draft), 'num_speculative_tokens': 3}
     plain, _ = token_counts(tiny, None, seed=1)
-    fast, eng = token_counts(tiny, {'model': str(tiny_draft), 'num_speculative_tokens': 3}, seed=2)
+    fast, eng = token_counts(tiny, spec, seed=2)
     c = eng.stats().spec_decode
     assert c['num_drafts'] >= 1200 and 0 < c['num_accepted_tokens'] < c['num_draft_tokens'], c
     for j in range(2):
         assert chi_square_p(plain[j], fast[j]) > 1e-3, f'token {j + 3}: the draft model changed the distribution'
+    monkeypatch.setattr(sampler, 'check_guesses', keep_every_guess)
+    wrong, _ = token_counts(tiny, spec, num=500, seed=3)
+    assert chi_square_p(plain[0], wrong[0]) < 1e-6, 'the test cannot tell a wrong check'
+
+
+def test_a_model_as_its_own_sampled_draft_keeps_every_guess(tiny):
+    """The target as its own draft, under sampling: q = p at every guess, so each is kept (min(1, p/q) = 1); drafts
+    taken greedily and compared with the target's samples would be kept only as often as the greedy token is drawn."""
+    _, eng = token_counts(tiny, {'model': str(tiny[0]), 'num_speculative_tokens': 3}, num=300)
+    c = eng.stats().spec_decode
+    assert c['num_draft_tokens'] >= 200 and c['num_accepted_tokens'] >= 0.95 * c['num_draft_tokens'], c
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused(tiny_draft, tmp_path):

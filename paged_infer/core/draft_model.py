@@ -7,23 +7,33 @@ __all__ = ['DraftModel']
 
 # %% ../../nbs/13e_draft_model.ipynb #69d19abe
 import torch
+import torch.nn.functional as F
 
+from .sampling_params import SAMPLING_EPS
+from ..ops.attention import host_to_device
+from ..ops.sampler import Guesses, SamplingBatch, apply_penalties, exponential_race, sampling_probs
 from ..worker.model_runner import HostBatch, ModelRunner
+
 
 # %% ../../nbs/13e_draft_model.ipynb #e7032d70
 class DraftModel:
-    """A smaller model of the target's vocabulary that drafts greedily. Its KV pool mirrors the target's block for
-    block: the same block tables, the same copy and swap orders (it follows the target's runner)."""
+    """A smaller model of the target's vocabulary that drafts: greedily for greedy requests, by sampling its own
+    distribution for sampled ones. Its KV pool mirrors the target's block for block: the same block tables, the same
+    copy and swap orders (it follows the target's runner)."""
+
+    sample = True  # False: greedy drafts for sampled requests too (checked as chapter 13d checks n-gram drafts)
 
     def __init__(self, runner: ModelRunner, num_tokens: int):
         self.runner, self.num_tokens = runner, num_tokens  # the target's vocabulary: no draft token beyond it
         self.computed = {}  # seq id -> (Sequence, tokens whose keys and values the draft pool holds: a prefix)
+        self.probs = {}  # Sequence -> the distribution each of this step's draft tokens was drawn from (sampled ones)
 
     def step(self, out, wants: dict) -> dict:
         """Run the draft over every token the step's target is about to compute (and the few it lags behind), then
-        draft greedily for the sequences of `wants` ({Sequence: k}, their slots reserved). Returns {Sequence: draft}.
+        draft for the sequences of `wants` ({Sequence: k}, their slots reserved). Returns {Sequence: draft}.
         Called before the target's forward, after the step's memory orders are carried out."""
         self.computed = {i: v for i, v in self.computed.items() if not v[0].is_finished}
+        self.probs = {}
         runs = []  # (sequence, first token to compute, end, block table)
         for s, n, table in zip(out.seqs, out.num_new_tokens, out.block_tables):
             end = s.num_computed_tokens + n
@@ -49,20 +59,76 @@ class DraftModel:
 
     @torch.inference_mode()
     def _forward(self, runs: list, wants: dict, drafts: dict | None = None) -> list:
-        "One forward of the draft over `runs`; the greedy token after the last row of each run of a wanting sequence."
-        ids, pos, ctx, qlen, tables, rows = [], [], [], [], [], []
+        "One forward of the draft over `runs`; the next token after the last row of each run of a wanting sequence."
+        ids, pos, ctx, qlen, tables, rows, who = [], [], [], [], [], [], []
+        # short runs (a decode, or the two tokens of a draft one behind) go as one-token rows, each at its place, as
+        # the target's verify rows do (13d): a step of them replays the draft's CUDA graphs
+        one_a_row = all(end - start <= 2 for s, start, end, table in runs)
         for s, start, end, table in runs:
-            if drafts is None:
-                ids += s.token_ids(start, end)
-            else:  # one draft token, the newest
-                ids.append(drafts[s][-1])
-            pos += range(start, end)
-            ctx.append(start)
-            qlen.append(end - start)
-            tables.append(table)
+            toks = s.token_ids(start, end) if drafts is None else [drafts[s][-1]]  # (a draft: its newest token)
+            if one_a_row:
+                for m, t in enumerate(toks):
+                    ids.append(t)
+                    pos.append(start + m)
+                    ctx.append(start + m)
+                    qlen.append(1)
+                    tables.append(table)
+            else:
+                ids += toks
+                pos += range(start, end)
+                ctx.append(start)
+                qlen.append(end - start)
+                tables.append(table)
             if s in wants:
                 rows.append(len(ids) - 1)
+                who.append(s)
         if not ids:
             return []
-        logits = self.runner.run_batch(HostBatch(ids, pos, ctx, qlen, tables, rows))
-        return [] if logits is None else logits[:, : self.num_tokens].argmax(-1).tolist()
+        b, r = HostBatch(ids, pos, ctx, qlen, tables, rows), self.runner
+        if r.graphs is not None and r.graphs.fits(qlen):  # one-token rows replay the draft's CUDA graphs (11a)
+            logits = r._decode_with_graph(b)
+        else:
+            logits = r.run_batch(b)
+        if logits is None:
+            return []
+        logits = logits[:, : self.num_tokens]
+        if logits.shape[1] < self.num_tokens:  # a draft of fewer (padded) rows: the target's ids beyond them, never
+            logits = F.pad(logits, (0, self.num_tokens - logits.shape[1]), value=float('-inf'))
+        return self._choose(logits, who)
+
+    def _choose(self, logits: torch.Tensor, who: list) -> list:
+        """A draft token for each row: the argmax for a greedy request; for a sampled one, a draw from the draft's
+        distribution under the request's temperature and filters, that distribution kept for the check (chapter 9)."""
+        tokens = logits.argmax(-1)
+        rows = [i for i, s in enumerate(who) if s.params.temperature >= SAMPLING_EPS] if self.sample else []
+        if not rows:
+            return tokens.tolist()
+        gens = [who[i].generator for i in rows]
+        params, none = [who[i].params for i in rows], [[]] * len(rows)
+        batch = SamplingBatch.from_params(params, none, none, self.num_tokens, None, gens, logits.device)
+        at = host_to_device(torch.tensor(rows, dtype=torch.long), logits.device)
+        probs = sampling_probs(apply_penalties(logits[at].float(), batch), batch)  # (bias only: 13d drafts no more)
+        tokens[at] = exponential_race(probs, gens, self.runner.sampler.generator)
+        for i, q in zip(rows, probs):
+            self.probs.setdefault(who[i], []).append(q)
+        return tokens.tolist()
+
+    def guesses(self, sampled: list, drafts: dict) -> Guesses | None:
+        """The target's rows that check a sampled draft token, for its sampler (chapter 9). `sampled`: the sequence
+        of each row, a drafted one's 1 + k rows in a run (`with_drafts`, chapter 13d)."""
+        rows, tokens, probs, i = [], [], [], 0
+        while i < len(sampled):
+            s = sampled[i]
+            if s not in drafts:
+                i += 1
+                continue
+            if s in self.probs:
+                rows += range(i, i + len(drafts[s]))
+                tokens += drafts[s]
+                probs += self.probs[s]
+            i += len(drafts[s]) + 1
+        if not rows:
+            return None
+        device = probs[0].device
+        return Guesses(rows, host_to_device(torch.tensor(tokens, dtype=torch.long), device), torch.stack(probs))
+

@@ -66,12 +66,15 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
             self.runner.peers = peers
         self.drafter = None
         if self.draft_model is not None:  # its pool mirrors the target's: the same blocks, the same orders (13e)
-            draft_runner = ModelRunner(self.draft_model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id)
+            draft_runner = ModelRunner(self.draft_model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id,
+                                       Sampler(g))  # (the engine's generator draws its samples too)
             self.runner.followers.append(draft_runner)
             self.drafter = DraftModel(draft_runner, mc.vocab_size)
         if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
             sizes = graph_batch_sizes(self.max_sampled_rows)
             self.runner.capture_decode_graphs(sizes, self.max_model_len)  # chapter 11a
+            if self.drafter is not None:  # the draft's forwards of one-token rows (13e)
+                self.drafter.runner.capture_decode_graphs(sizes, self.max_model_len)
         self.grammars = Grammars(self.tokenizer, mc.vocab_size)  # structured outputs (chapter 13c)
         self.speculator = Speculator(c.speculative_config) if c.speculative_config else None  # chapter 13d
         self.groups: dict = {}  # request id -> SequenceGroup, while unfinished

@@ -299,7 +299,9 @@ def _verify(self: SpeculativeDecoding, out, drafts: dict) -> list:
     plain = [1 if s in drafts else n for s, n in zip(out.seqs, out.num_new_tokens)]
     try:
         host, sampled = r.host_batch(out.seqs, plain, out.block_tables)
-        sampled, future = r.launch_batch(*with_drafts(host, sampled, drafts))
+        host, sampled = with_drafts(host, sampled, drafts)
+        guesses = None if self.drafter is None else self.drafter.guesses(sampled, drafts)  # (chapter 13e)
+        sampled, future = r.launch_batch(host, sampled, guesses=guesses)
     except EngineFatalError:
         raise
     except Exception:  # the plain step finds the request at fault, if one is (chapter 13)

@@ -312,7 +312,7 @@ def fp8_gemm(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     else:
         x8 = (x.float() / layer.input_scale).clamp(-448.0, 448.0).to(FP8)
         xs = layer.input_scale.reshape(1, 1).expand(x.shape[0], 1).contiguous()
-    if x.shape[0] <= FP8_DOT_ROWS:
+    if x.shape[0] <= FP8_DOT_ROWS and x.shape[1] % 128 == 0:  # (its K tiles: 128 wide, unmasked)
         return fp8_dot(x8, layer.weight, xs, layer.weight_scale, x.dtype)
     return torch._scaled_mm(x8, layer.weight.T, scale_a=xs, scale_b=layer.weight_scale[None, :], out_dtype=x.dtype)
 

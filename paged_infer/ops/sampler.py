@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['token_counts', 'SamplingBatch', 'apply_penalties', 'apply_top_k_top_p', 'apply_min_p', 'exponential_race',
-           'seeded_generator', 'SamplerOutput', 'Sampler']
+           'seeded_generator', 'Guesses', 'uniform', 'check_guesses', 'SamplerOutput', 'sampling_probs', 'Sampler']
 
 # %% ../../nbs/09_sampler.ipynb #dc0cbf13
 import itertools
@@ -64,6 +64,7 @@ class SamplingBatch:
         default_factory=list
     )  # per row, on the host: its eight knobs, its logprobs, whether it has a logit bias
     grammars: list = field(default_factory=list)  # (row, Grammar) of rows with structured outputs (chapter 13c)
+    guesses: 'Guesses | None' = None  # a draft's guesses, checked on some rows (below; chapter 13e)
 
     @classmethod
     def from_params(
@@ -281,6 +282,37 @@ def seeded_generator(seed: int, device='cpu') -> torch.Generator:
     g.manual_seed(seed)
     return g
 
+# %% ../../nbs/09_sampler.ipynb #56164aa3
+@dataclass
+class Guesses:
+    "A draft model's guesses on some rows of a step: the token each drew, and the distribution it drew it from."
+
+    rows: list  # on the host: the batch rows that check a guess (sampled rows, not greedy ones)
+    tokens: torch.Tensor  # (R,) long, on the device
+    probs: torch.Tensor  # (R, V) float: q, the draft's distribution at each of those rows
+
+
+def uniform(generators: list, generator: torch.Generator | None, device) -> torch.Tensor:
+    "One number in [0, 1) per row: from the row's own generator, or the shared one."
+    u = torch.empty(len(generators), device=device).uniform_(generator=generator)
+    for i, g in enumerate(generators):
+        if g is not None:
+            u[i : i + 1].uniform_(generator=g)
+    return u
+
+
+def check_guesses(probs: torch.Tensor, sampled: torch.Tensor, guesses: Guesses, generators: list,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """`sampled` with each guessing row's token replaced: its guess x, kept with probability min(1, p(x) / q(x)),
+    else a draw from (p - q)+. Either way a sample of the row's `probs` p."""
+    rows = host_to_device(torch.tensor(guesses.rows, dtype=torch.long), probs.device)
+    gens = [generators[i] for i in guesses.rows]
+    p, q, x = probs[rows], guesses.probs.to(probs.dtype), guesses.tokens[:, None]
+    keep = uniform(gens, generator, p.device) * q.gather(1, x)[:, 0] < p.gather(1, x)[:, 0]
+    rest = (p - q).clamp_min(0)  # what p has more of than q
+    rest = torch.where(rest.sum(-1, keepdim=True) > 0, rest, p)  # none (p == q): the guess is kept anyway
+    return sampled.index_copy(0, rows, torch.where(keep, x[:, 0], exponential_race(rest, gens, generator)))
+
 # %% ../../nbs/09_sampler.ipynb #bbb5360b
 @dataclass
 class SamplerOutput:
@@ -290,6 +322,16 @@ class SamplerOutput:
     logprobs: torch.Tensor  # (B,) float: their log-probability under the raw model distribution
     top_ids: torch.Tensor  # (B, num_logprobs) long: the most likely tokens of the raw distribution
     top_logprobs: torch.Tensor  # (B, num_logprobs) float: their log-probabilities
+
+
+def sampling_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    "Step 4 up to the draw: each row's distribution after temperature, top-k, top-p and min-p (B, V)."
+    logits = logits / batch.temperature[:, None]
+    if batch.use_top_k_top_p:
+        logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+    if batch.use_min_p:
+        logits = apply_min_p(logits, batch.min_p)
+    return logits.softmax(-1)
 
 
 class Sampler:
@@ -308,12 +350,10 @@ class Sampler:
         logits = apply_penalties(logits, batch)  # steps 1-2
         token_ids = logits.argmax(-1)  # (B,) step 3: greedy rows are done
         if not batch.all_greedy:  # step 4
-            logits = logits / batch.temperature[:, None]
-            if batch.use_top_k_top_p:
-                logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
-            if batch.use_min_p:
-                logits = apply_min_p(logits, batch.min_p)
-            sampled = exponential_race(logits.softmax(-1), batch.generators, self.generator)
+            probs = sampling_probs(logits, batch)
+            sampled = exponential_race(probs, batch.generators, self.generator)
+            if batch.guesses is not None:  # rows that check a draft model's guess (chapter 13e)
+                sampled = check_guesses(probs, sampled, batch.guesses, batch.generators, self.generator)
             token_ids = torch.where(batch.greedy, token_ids, sampled) if batch.any_greedy else sampled
         top_logprobs, top_ids = raw_logprobs.topk(batch.num_logprobs, dim=-1)  # (B, k)
         return SamplerOutput(token_ids, raw_logprobs.gather(1, token_ids[:, None])[:, 0], top_ids, top_logprobs)

@@ -6,6 +6,7 @@
 __all__ = ['load_model', 'use_triton', 'HostBatch', 'StepInput', 'ModelRunner', 'StepFuture', 'rows_kept']
 
 # %% ../../nbs/11_model_runner.ipynb #8acb31c9
+import dataclasses
 import json
 from dataclasses import dataclass, field
 import operator
@@ -298,9 +299,12 @@ def launch(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: li
 @patch
 @torch.inference_mode()
 def launch_batch(self: ModelRunner, host: HostBatch, sampled: list, prev: StepFuture | None = None,
-                 num_steps: list | None = None):
-    "`launch` for a host batch already built: `sampled[i]` samples from row `host.logits_indices[i]` (chapter 13d)."
+                 num_steps: list | None = None, guesses=None):
+    """`launch` for a host batch already built: `sampled[i]` samples from row `host.logits_indices[i]` (chapter 13d);
+    `guesses`: a draft model's, checked on their rows (chapter 13e)."""
     batch = self.sampling_batch(sampled) if sampled else None  # first: its copy to the GPU then waits for nothing
+    if guesses is not None:
+        batch = dataclasses.replace(batch, guesses=guesses)  # (the batch kept for the next step has none)
     if num_steps is not None:
         return sampled, self._launch_steps(host, sampled, batch, num_steps, prev)
     if self.graphs is not None and self.graphs.fits(host.query_lens) and not (host.prompt_rows or host.pool_rows):
