@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['token_counts', 'SamplingBatch', 'apply_penalties', 'apply_top_k_top_p', 'apply_min_p', 'exponential_race',
-           'seeded_generator', 'Guesses', 'uniform', 'check_guesses', 'SamplerOutput', 'sampling_probs', 'Sampler']
+           'seeded_generator', 'Guesses', 'check_guesses', 'SamplerOutput', 'sampling_probs', 'Sampler']
 
 # %% ../../nbs/09_sampler.ipynb #dc0cbf13
 import itertools
@@ -282,6 +282,16 @@ def seeded_generator(seed: int, device='cpu') -> torch.Generator:
     g.manual_seed(seed)
     return g
 
+# %% ../../nbs/09_sampler.ipynb #ca3c7adc
+def uniform(generators: list, generator: torch.Generator | None, device) -> torch.Tensor:
+    "One number in [0, 1) per row: from the row's own generator, or the shared one."
+    u = torch.empty(len(generators), device=device).uniform_(generator=generator)
+    for i, g in enumerate(generators):
+        if g is not None:
+            u[i : i + 1].uniform_(generator=g)
+    return u
+
+
 # %% ../../nbs/09_sampler.ipynb #56164aa3
 @dataclass
 class Guesses:
@@ -290,15 +300,6 @@ class Guesses:
     rows: list  # on the host: the batch rows that check a guess (sampled rows, not greedy ones)
     tokens: torch.Tensor  # (R,) long, on the device
     probs: torch.Tensor  # (R, V) float: q, the draft's distribution at each of those rows
-
-
-def uniform(generators: list, generator: torch.Generator | None, device) -> torch.Tensor:
-    "One number in [0, 1) per row: from the row's own generator, or the shared one."
-    u = torch.empty(len(generators), device=device).uniform_(generator=generator)
-    for i, g in enumerate(generators):
-        if g is not None:
-            u[i : i + 1].uniform_(generator=g)
-    return u
 
 
 def check_guesses(probs: torch.Tensor, sampled: torch.Tensor, guesses: Guesses, generators: list,
