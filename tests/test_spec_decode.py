@@ -348,6 +348,27 @@ def test_draft_model_keeps_hf_tokens_and_its_cache_in_step(shared, case):
         assert eng.block_manager.prefix_hits > 0
 
 
+@pytest.mark.parametrize('mode', ['swap', 'recompute'])
+def test_sampled_drafts_with_n_logprobs_and_stops_lose_nothing(shared, mode):
+    """Sampled drafts of the target as its own draft, under preemption, with two answers a request, top logprobs and a
+    stop string: every guess kept (q = p), each token's logprob reported, the pools whole; a seed gives its tokens
+    again in a second engine."""
+    params = SamplingParams(temperature=0.8, max_tokens=N_NEW, n=2, logprobs=2, stop=['\n\n'], seed=11)
+    outs = []
+    for _ in range(2):
+        eng = LLMEngine(speculative_config=DRAFT, num_gpu_blocks=16, preemption_mode=mode, num_cpu_blocks=64)
+        outs.append(run(eng, shared['prompts'], params))
+        c = eng.stats().spec_decode
+        assert c['num_draft_tokens'] > 50 and c['num_accepted_tokens'] >= 0.95 * c['num_draft_tokens'], c
+        assert eng.scheduler.num_preemptions > 0 and not eng.drafter.computed
+    for o in outs[0]:
+        assert len(o.outputs) == 2
+        for a in o.outputs:
+            assert len(a.logprobs) == len(a.token_ids) and all(t in lp for t, lp in zip(a.token_ids, a.logprobs))
+            assert '\n\n' not in a.text and (a.finish_reason == 'stop' or len(a.token_ids) == N_NEW)
+    assert [[a.token_ids for a in o.outputs] for o in outs[0]] == [[a.token_ids for a in o.outputs] for o in outs[1]]
+
+
 @pytest.fixture(scope='module')
 def tiny_draft(tiny, tmp_path_factory):
     "Another random Llama of the tiny model's 24 tokens (another seed): a draft that is often wrong."

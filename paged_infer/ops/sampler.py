@@ -64,7 +64,7 @@ class SamplingBatch:
         default_factory=list
     )  # per row, on the host: its eight knobs, its logprobs, whether it has a logit bias
     grammars: list = field(default_factory=list)  # (row, Grammar) of rows with structured outputs (chapter 13c)
-    guesses: 'Guesses | None' = None  # a draft's guesses, checked on some rows (below; chapter 13e)
+    guesses: object = None  # a draft's `Guesses` (below), checked on their rows (chapter 13e)
 
     @classmethod
     def from_params(

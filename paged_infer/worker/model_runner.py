@@ -218,10 +218,18 @@ def prepare(self: ModelRunner, seqs: list, num_new_tokens: list, block_tables: l
 @torch.inference_mode()
 def run_batch(self: ModelRunner, b: HostBatch, sampled: list | None = None, prev=None):
     "Model forward over a host batch, then the logits of its sampled rows (float32), or None if it samples none."
-    if self.peers is not None:
-        if b.pending:
-            raise ValueError('tensor-parallel ranks need every input token on the host')
-        self.peers.send('run_batch', b)  # every rank runs the same step, in step
+    if self.peers is None:
+        return self._forward_batch(b, sampled, prev)
+    if b.pending:
+        raise ValueError('tensor-parallel ranks need every input token on the host')
+    self.peers.send('run_batch', b)  # every rank runs the same step, in step
+    with self.peers.watch():  # a rank that dies mid-step: TensorParallelError, not gloo's error (chapter 18)
+        return self._forward_batch(b, sampled, prev)
+
+
+@patch
+def _forward_batch(self: ModelRunner, b: HostBatch, sampled: list | None = None, prev=None):
+    "`run_batch`'s forward: hidden states, then prompt logprobs and embeddings where asked, and the sampled logits."
     step = self.to_device(b, sampled, prev)
     hidden = self.model(step.input_ids, step.positions, self.kv_layers, step.meta)  # (num_tokens, hidden)
     if b.prompt_rows:

@@ -4,12 +4,19 @@
 
 # %% auto #0
 __all__ = ['Shard', 'make_shard', 'RowParallelLinear', 'VocabParallelEmbedding', 'ParallelLMHead', 'shard_model',
-           'load_model_shard', 'TensorParallelError', 'Peers', 'start_tensor_parallel']
+           'load_model_shard', 'OrderQueue', 'TensorParallelError', 'Peers', 'start_tensor_parallel']
 
 # %% ../../nbs/18_tensor_parallel.ipynb #db090585
+import contextlib
 import dataclasses
+import os
+import pickle
 import re
 import socket
+import time
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -188,28 +195,106 @@ def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', de
         use_triton(model)
     return model.eval(), load_tokenizer(folder)
 
+# %% ../../nbs/18_tensor_parallel.ipynb #4862be3c
+class OrderQueue:
+    """Rank 0's orders to the other ranks through shared memory: a ring of `SLOTS` slots, one writer, `readers` readers
+    (vLLM's message queue works the same way). The block starts with one number per slot (the order it holds, plus
+    one) and one per reader (the orders it has read); then the slots, each an order's length and its pickled bytes.
+    The writer creates the block and one semaphore per reader, released once per order: a reader sleeps on its own
+    until an order comes, where spinning would take a core the ranks need. A reader attaches to the block by name and
+    is given the semaphores (through the process's arguments)."""
+
+    SLOTS, SLOT_BYTES = 4, 1 << 22
+
+    def __init__(self, readers: int, name: str | None = None, wakeups: list | None = None):
+        self.readers, self.n = readers, 0  # n: the next order this process writes or reads
+        self.parent = os.getppid()  # (a reader whose writer's process is gone stops waiting)
+        self.wakeups = wakeups or [mp.get_context('spawn').Semaphore(0) for _ in range(readers)]
+        self.head = 8 * (self.SLOTS + readers)
+        if name is None:
+            self.shm = SharedMemory(create=True, size=self.head + self.SLOTS * self.SLOT_BYTES)
+        else:
+            self.shm = SharedMemory(name=name)
+        self.flags = np.ndarray(self.SLOTS + readers, dtype=np.int64, buffer=self.shm.buf)
+        if name is None:
+            self.flags[:] = 0
+
+    def _slot(self, n: int) -> memoryview:
+        start = self.head + (n % self.SLOTS) * self.SLOT_BYTES
+        return self.shm.buf[start : start + self.SLOT_BYTES]
+
+    def put(self, order, check=None) -> bool:
+        """Write `order` into the next slot once every reader has read what the slot held; True if it is too large
+        for a slot (then the caller sends it some other way). `check()` runs while it waits."""
+        data = pickle.dumps(order, protocol=pickle.HIGHEST_PROTOCOL)
+        large = len(data) + 8 > self.SLOT_BYTES
+        n = self.n
+        while self.flags[self.SLOTS :].min() <= n - self.SLOTS:  # a reader is SLOTS orders behind
+            if check is not None:
+                check()
+            time.sleep(0)
+        slot = self._slot(n)
+        slot[:8] = (-1 if large else len(data)).to_bytes(8, 'little', signed=True)
+        if not large:
+            slot[8 : 8 + len(data)] = data
+        slot.release()
+        self.flags[n % self.SLOTS] = n + 1  # published: after its bytes (x86 keeps stores in order)
+        self.n = n + 1
+        for w in self.wakeups:
+            w.release()
+        return large
+
+    def get(self, reader: int) -> tuple:
+        "Wait for the next order: (too large for a slot, the order or None)."
+        n = self.n
+        while not self.wakeups[reader].acquire(timeout=1.0):
+            if os.getppid() != self.parent:
+                raise RuntimeError('the process that writes the orders has exited')
+        assert self.flags[n % self.SLOTS] == n + 1, 'an order was announced before it was published'
+        slot = self._slot(n)
+        length = int.from_bytes(slot[:8], 'little', signed=True)
+        order = None if length < 0 else pickle.loads(slot[8 : 8 + length])
+        slot.release()
+        self.flags[self.SLOTS + reader] = n + 1
+        self.n = n + 1
+        return length < 0, order
+
+    def close(self, unlink: bool = False):
+        del self.flags
+        self.shm.close()
+        if unlink:
+            self.shm.unlink()
+
 # %% ../../nbs/18_tensor_parallel.ipynb #32dee1ee
 class TensorParallelError(EngineFatalError):
     "Another rank's process has exited: no step can run any more (restart the engine)."
 
 
 class Peers:
-    "Rank 0's handle on the other ranks: broadcast an order, stop them."
+    "Rank 0's handle on the other ranks: send an order, stop them."
 
-    def __init__(self, procs: list, cpu_group):
-        self.procs, self.cpu_group, self.alive = procs, cpu_group, True
+    def __init__(self, procs: list, cpu_group, queue: OrderQueue):
+        self.procs, self.cpu_group, self.queue, self.alive = procs, cpu_group, queue, True
 
-    def check(self):
-        "Raise TensorParallelError if another rank's process has exited (rank 0 would wait for it, or fail)."
+    def check(self, always: bool = False):
+        """Raise TensorParallelError if another rank's process has exited (rank 0 would wait for it, or fail); after
+        `stop` only if `always` (an order waiting for a dead rank to read)."""
         dead = [f'rank {i + 1} (exit code {p.exitcode})' for i, p in enumerate(self.procs) if not p.is_alive()]
-        if self.alive and dead:
+        if (self.alive or always) and dead:
             raise TensorParallelError(f'{", ".join(dead)} exited: the engine cannot run another step; restart it')
 
     def send(self, op: str, arg=None):
         self.check()
+        with self.watch():
+            if self.queue.put((op, arg), lambda: self.check(always=True)):  # too large for a slot: over gloo
+                dist.broadcast_object_list([(op, arg)], src=0, group=self.cpu_group)
+
+    @contextlib.contextmanager
+    def watch(self):
+        "Around an order or a step's collectives: a rank that died meanwhile raises TensorParallelError, not gloo's."
         try:
-            dist.broadcast_object_list([(op, arg)], src=0, group=self.cpu_group)
-        except RuntimeError:  # a rank that died while the order was on its way: say so, as check() does
+            yield
+        except RuntimeError:
             for p in self.procs:
                 p.join(1.0)  # (its sockets close a moment before its process is gone)
             self.check()
@@ -222,6 +307,8 @@ class Peers:
         try:
             if all(p.is_alive() for p in self.procs):
                 self.send('stop')  # a dead rank would not hear it
+        except TensorParallelError:
+            pass  # a rank died meanwhile: the others are killed below
         finally:
             for p in self.procs:
                 p.join(timeout)
@@ -229,6 +316,7 @@ class Peers:
                 if p.is_alive():
                     p.kill()
             dist.destroy_process_group()
+            self.queue.close(unlink=True)
 
 # %% ../../nbs/18_tensor_parallel.ipynb #84f911d8
 def _free_port() -> int:
@@ -245,7 +333,7 @@ def _init(rank: int, size: int, port: int, device: str):
     return dist.group.WORLD, (dist.new_group(backend='gloo') if backend == 'nccl' else dist.group.WORLD)
 
 # %% ../../nbs/18_tensor_parallel.ipynb #6d21bcd7
-def _worker(rank: int, size: int, port: int, model, dtype: str, device: str):
+def _worker(rank: int, size: int, port: int, queue: tuple, model, dtype: str, device: str):
     "A rank > 0: load the slice, then carry out rank 0's orders until told to stop."
     from paged_infer.worker.model_runner import ModelRunner
     from paged_infer.worker.profiling import profile_num_gpu_blocks
@@ -256,10 +344,14 @@ def _worker(rank: int, size: int, port: int, model, dtype: str, device: str):
     m, _ = load_model_shard(model, rank, size, group, dtype, device)
     runner = None
     torch.set_num_threads(max(1, torch.get_num_threads() // size))
+    orders = OrderQueue(size - 1, *queue)  # (the block's name, the semaphores)
     while True:
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0, group=cpu_group)
-        op, arg = msg[0]
+        large, order = orders.get(rank - 1)
+        if large:
+            msg = [None]
+            dist.broadcast_object_list(msg, src=0, group=cpu_group)
+            order = msg[0]
+        op, arg = order
         if op == 'stop':
             break
         if op == 'profile':
@@ -268,18 +360,18 @@ def _worker(rank: int, size: int, port: int, model, dtype: str, device: str):
             runner = ModelRunner(m, *arg)
         else:
             getattr(runner, op)(arg)  # run_batch, copy_blocks, swap_out, swap_in
+    orders.close()
     dist.destroy_process_group()
 
 # %% ../../nbs/18_tensor_parallel.ipynb #5a79e2e0
 def start_tensor_parallel(model, size: int, dtype='auto', device='cpu'):
     "Start ranks 1 .. size-1 and join them as rank 0: (rank 0's model slice, tokenizer, Peers)."
-    port = _free_port()
+    port, queue = _free_port(), OrderQueue(size - 1)
     ctx = mp.get_context('spawn')
-    procs = [
-        ctx.Process(target=_worker, args=(r, size, port, model, dtype, device), daemon=True) for r in range(1, size)
-    ]
+    args = lambda r: (r, size, port, (queue.shm.name, queue.wakeups), model, dtype, device)
+    procs = [ctx.Process(target=_worker, args=args(r), daemon=True) for r in range(1, size)]
     for p in procs:
         p.start()
     group, cpu_group = _init(0, size, port, device)
     m, tok = load_model_shard(model, 0, size, group, dtype, device)
-    return m, tok, Peers(procs, cpu_group)
+    return m, tok, Peers(procs, cpu_group, queue)
