@@ -107,7 +107,7 @@ class DraftModel:
         params, none = [who[i].params for i in rows], [[]] * len(rows)
         batch = SamplingBatch.from_params(params, none, none, self.num_tokens, None, gens, logits.device)
         at = host_to_device(torch.tensor(rows, dtype=torch.long), logits.device)
-        probs = sampling_probs(apply_penalties(logits[at].float(), batch), batch)  # (bias only: 13d drafts no more)
+        probs = sampling_probs(apply_penalties(logits[at].float(), batch), batch)  # (only a bias: see 13d)
         tokens[at] = exponential_race(probs, gens, self.runner.sampler.generator)
         for i, q in zip(rows, probs):
             self.probs.setdefault(who[i], []).append(q)
