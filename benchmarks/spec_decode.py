@@ -1,6 +1,7 @@
 """Speculative decoding measured on the real default model (SmolLM2-135M-Instruct): n-gram drafts against none.
 
     python benchmarks/spec_decode.py --out FILE.json [--device cuda|cpu] [--ks 2,4,6,8] [--batch 64] [--max-tokens 256]
+        [--repeats 3] [--rounds 9] [--dump-prompts PROMPTS.json]
 
 Two workloads, each with the same engine settings with and without `speculative_config`:
 1. batch 1, copy-heavy (chat prompts that ask to repeat or lightly edit a passage, greedy): milliseconds per output
@@ -10,7 +11,8 @@ Two workloads, each with the same engine settings with and without `speculative_
    rarely accepted; speculation must pause itself there (SpeculativeConfig.min_gain).
 The engine's own defaults otherwise (on a GPU: CUDA graphs, async scheduling for the plain steps). The engines live side
 by side (a fixed pool each); each pass (round) goes through all of them in turn, the first untimed, and the median of
---repeats timed ones is reported.
+the timed ones (--repeats passes at batch 1, --rounds rounds batched) is reported. --dump-prompts writes the prompts'
+token ids for real vLLM's run of the same workloads (`benchmarks/peer/spec_vllm.py`).
 """
 import argparse
 import json
@@ -40,6 +42,7 @@ ASKS = ['Repeat this passage exactly, word for word:\n\n{}',
         'Rewrite this text with every sentence on its own line, changing nothing else:\n\n{}']
 TOPICS = ['a lighthouse keeper', 'the history of bread', 'a robot learning to paint', 'why the sky is blue',
           'a city under the sea', 'the first day at a new school', 'how bees find flowers', 'a lost umbrella']
+OPEN_ASKS = [f'Write a short story about {t}.' for t in TOPICS] + [f'Explain {t} to a child.' for t in TOPICS]
 
 
 def chat(tok, text: str) -> list:
@@ -98,10 +101,12 @@ def main():
     ap.add_argument('--ks', default='2,4,6,8')
     ap.add_argument('--batch', type=int, default=64)
     ap.add_argument('--max-tokens', type=int, default=256)
-    ap.add_argument('--repeats', type=int, default=3, help='timed passes (rounds), after one untimed')
+    ap.add_argument('--repeats', type=int, default=3, help='timed passes at batch 1, after one untimed')
+    ap.add_argument('--rounds', type=int, default=9, help='timed rounds of the batched workload, after one untimed')
     ap.add_argument('--blocks', type=int, default=4096, help='KV blocks of each engine')
     ap.add_argument('--lookup', default='4,2', help='prompt_lookup_max,prompt_lookup_min')
     ap.add_argument('--out', default=None)
+    ap.add_argument('--dump-prompts', default=None, help="write the prompts' token ids here (for spec_vllm.py)")
     args = ap.parse_args()
     hi, lo = map(int, args.lookup.split(','))
     spec = lambda k: {'method': 'ngram', 'num_speculative_tokens': k, 'prompt_lookup_max': hi, 'prompt_lookup_min': lo}
@@ -114,6 +119,11 @@ def main():
     engines = {'none': engine(args, None)} | {f'k={k}': engine(args, spec(k)) for k in ks}
     tok = engines['none'].tokenizer
     prompts = [chat(tok, a.format(p)) for a in ASKS for p in PASSAGES]
+    batched = [chat(tok, OPEN_ASKS[i % len(OPEN_ASKS)]) for i in range(args.batch)]
+    if args.dump_prompts:
+        with open(args.dump_prompts, 'w') as f:
+            json.dump(dict(batch1=prompts, batched=batched, max_tokens=args.max_tokens, repeats=args.repeats,
+                           rounds=args.rounds), f)
     passes = {name: [] for name in engines}
     answers = {}
     for rep in range(args.repeats + 1):
@@ -125,7 +135,7 @@ def main():
     for name, eng in engines.items():
         r = dict(ms_per_token=med(passes[name]), passes=passes[name], speedup=base / med(passes[name]),
                  acceptance=acceptance(eng), same_tokens=answers[name] == answers['none'],
-                 output_tokens=sum(map(len, answers[name])))
+                 output_tokens=sum(map(len, answers[name])), answers=answers[name])
         res['batch1'][name] = r
         acc = '' if r['acceptance'] is None else f', acceptance {r["acceptance"]:.0%}'
         times = [round(x, 3) for x in passes[name]]
@@ -136,12 +146,10 @@ def main():
     if args.batch:
         k = 4 if 4 in ks else ks[0]
         engines = {'none': engine(args, None), f'k={k}': engine(args, spec(k))}
-        asks = [f'Write a short story about {t}.' for t in TOPICS] + [f'Explain {t} to a child.' for t in TOPICS]
-        prompts = [chat(tok, asks[i % len(asks)]) for i in range(args.batch)]
         rounds = {name: [] for name in engines}
-        for rep in range(args.repeats + 1):
+        for rep in range(args.rounds + 1):
             for name, eng in engines.items():
-                rate = batched_round(eng, prompts, args.max_tokens, rep)
+                rate = batched_round(eng, batched, args.max_tokens, rep)
                 if rep:
                     rounds[name].append(rate)
         base = med(rounds['none'])

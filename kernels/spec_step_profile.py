@@ -1,10 +1,11 @@
 """Where a speculative decoding step's time goes, on the host and waiting for the GPU, against a plain step.
 
-    python kernels/spec_step_profile.py [--ks 0,4,8] [--batch 1] [--out FILE.json]
+    python kernels/spec_step_profile.py [--ks 0,4,8] [--batch 1] [--out FILE.json] [--trace DIR]
 
 The default model, one copy-heavy chat prompt per sequence (greedy, 256 tokens). Each engine function of the step is
 wrapped in a wall-clock timer; the table gives milliseconds per step for each, the steps, the tokens per step, and how
-many forwards replayed a CUDA graph or ran eagerly.
+many forwards replayed a CUDA graph or ran eagerly. With --trace, steps 20 to 39 of each run are also recorded by the
+torch profiler (host calls and GPU kernels) into DIR/trace_k<k>_b<batch>.json.gz, for chrome://tracing or Perfetto.
 """
 import argparse
 import json
@@ -34,8 +35,9 @@ def wrap(obj, name, times, counts):
     setattr(obj, name, timed)
 
 
-def profile(k: int, batch: int) -> dict:
-    spec = {'method': 'ngram', 'num_speculative_tokens': k, 'prompt_lookup_max': 4, 'prompt_lookup_min': 2} if k else None
+def profile(k: int, batch: int, trace: str | None = None) -> dict:
+    spec = {'method': 'ngram', 'num_speculative_tokens': k, 'prompt_lookup_max': 4, 'prompt_lookup_min': 2}
+    spec = spec if k else None
     eng = LLMEngine(device='cuda', max_num_seqs=max(8, batch), num_gpu_blocks=4096, speculative_config=spec)
     tok = eng.tokenizer
     prompt = tok.apply_chat_template([{'role': 'user', 'content': 'Repeat this passage exactly:\n\n' + PASSAGE}],
@@ -54,13 +56,21 @@ def profile(k: int, batch: int) -> dict:
         wrap(eng.runner.graphs, 'run', times, counts)
     for _ in range(batch):
         eng.add_request(prompt, params)
-    steps, tokens = 0, 0
+    steps, tokens, prof = 0, 0, None
     t0 = time.perf_counter()
     while eng.has_unfinished_requests():
+        if trace and steps == 20:
+            prof = torch.profiler.profile(with_stack=False)
+            prof.start()
         for o in eng.step():
             if o.finished:
                 tokens += len(o.outputs[0].token_ids)
         steps += 1
+        if prof is not None and steps == 40:
+            torch.cuda.synchronize()
+            prof.stop()
+            prof.export_chrome_trace(f'{trace}/trace_k{k}_b{batch}.json.gz')
+            prof = None
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     out = dict(k=k, batch=batch, steps=steps, tokens=tokens, wall_ms_per_step=wall * 1e3 / steps,
@@ -76,8 +86,9 @@ def main():
     ap.add_argument('--ks', default='0,4,8')
     ap.add_argument('--batch', type=int, default=1)
     ap.add_argument('--out', default=None)
+    ap.add_argument('--trace', default=None, help='a folder for torch profiler traces of steps 20-39')
     a = ap.parse_args()
-    res = [profile(int(k), a.batch) for k in a.ks.split(',')]
+    res = [profile(int(k), a.batch, a.trace) for k in a.ks.split(',')]
     for r in res:
         print(json.dumps({x: (round(v, 3) if isinstance(v, float) else v) for x, v in r.items() if x != 'ms_per_step'}))
         print('   ', {n: round(v, 3) for n, v in r['ms_per_step'].items()})

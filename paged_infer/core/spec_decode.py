@@ -7,6 +7,7 @@ __all__ = ['ngram_propose', 'Speculator', 'can_speculate', 'SpeculativeDecoding'
 
 # %% ../../nbs/13d_spec_decode.ipynb #9eb3af43
 import dataclasses
+import weakref
 
 import numpy as np
 from fastcore.basics import patch
@@ -18,6 +19,7 @@ from .scheduler import Scheduler, room
 from .sequence import Sequence
 from ..ops.sampler import SamplerOutput
 from ..worker.model_runner import HostBatch
+
 
 # %% ../../nbs/13d_spec_decode.ipynb #92d9758a
 def ngram_propose(tokens: list, k: int, n_max: int, n_min: int) -> list:
@@ -53,7 +55,8 @@ class Speculator:
         self.seconds = ({}, {})  # running mean of a step's seconds by batch size (its bit length): (plain, drafting)
         self.last = None  # the mode of the step before (True: drafting), None after a step that computed a prompt
         self.shadows = {}  # while paused: Sequence -> (its length when drafted aside, the draft)
-        self.turn = 0  # which running sequence is drafted aside next
+        self.turn = 0  # which running request is drafted aside next
+        self.arrays = weakref.WeakKeyDictionary()  # Sequence -> (array of its tokens so far, how many are filled)
         self.num_drafts = 0  # sequence-steps that carried a draft
         self.num_draft_tokens = 0  # tokens drafted
         self.num_accepted_tokens = 0  # drafted tokens the model agreed with
@@ -77,7 +80,7 @@ class Speculator:
         if want:
             self.shadows.clear()
         else:
-            self._shadow([s for g in running for s in g.seqs if not s.is_finished])
+            self._shadow(running)
         return want
 
     def observe(self, drafting: bool, num_running: int, seconds: float, steady: bool):
@@ -88,10 +91,10 @@ class Speculator:
             t[b] = seconds if b not in t else (1 - w) * t[b] + w * seconds
         self.last = drafting if steady else None
 
-    def _shadow(self, seqs: list):
+    def _shadow(self, running: list):
         """While paused, keep the gain measured without verifying anything: an n-gram draft is accepted exactly where
         the model's own tokens equal it, so a draft made aside and compared with the tokens that then come is what a
-        drafting step would have accepted. A few sequences a step, in turn."""
+        drafting step would have accepted. A few requests a step, in turn (a request's first unfinished sequence)."""
         c = self.config
         known = lambda s: s.num_tokens - s.num_pending_tokens  # (under async scheduling, the newest is on the device)
         for s, (n, draft) in list(self.shadows.items()):
@@ -100,12 +103,12 @@ class Speculator:
                 a = next((j for j, (x, y) in enumerate(zip(came, draft)) if x != y), len(came))
                 self.step_done(1, a)
                 del self.shadows[s]
-        for _ in range(min(self.shadows_per_step, len(seqs))):
-            self.turn = (self.turn + 1) % len(seqs)
-            s = seqs[self.turn]
-            if s not in self.shadows:
+        for _ in range(min(self.shadows_per_step, len(running))):
+            self.turn = (self.turn + 1) % len(running)
+            s = next((s for s in running[self.turn].seqs if not s.is_finished), None)
+            if s is not None and s not in self.shadows:
                 n = known(s)
-                draft = self.lookup(s.token_ids(0, n), c.num_speculative_tokens)
+                draft = self.lookup(self.tokens(s, n), c.num_speculative_tokens)
                 if draft:
                     self.shadows[s] = (n, draft)
                 else:
@@ -118,7 +121,20 @@ class Speculator:
 
     def propose(self, s: Sequence, k: int) -> list:
         "At most `k` draft tokens for `s`, looked up in its prompt and output."
-        return self.lookup(s.token_ids(), k)
+        return self.lookup(self.tokens(s, s.num_tokens), k)
+
+    def tokens(self, s: Sequence, n: int) -> np.ndarray:
+        """The first `n` tokens of `s` as an array, kept from one lookup to the next: a sequence's tokens only grow, so
+        only those that came since the last lookup are copied (a whole list would be converted every time)."""
+        a, filled = self.arrays.get(s, (None, 0))
+        if a is None or len(a) < n:
+            grown = np.empty(max(2 * n, 64), dtype=np.int64)
+            grown[:filled] = a[:filled] if a is not None else []
+            a = grown
+        if n > filled:
+            a[filled:n] = s.token_ids(filled, n)
+            self.arrays[s] = (a, n)
+        return a[:n]
 
     def lookup(self, tokens: list, k: int) -> list:
         "At most `k` (and `num_speculative_tokens`) tokens that followed the last n-gram of `tokens` before."
@@ -138,6 +154,7 @@ class Speculator:
         "The counters, for EngineStats."
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
+
 
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
 def can_speculate(s: Sequence) -> bool:
