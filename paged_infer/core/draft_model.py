@@ -27,13 +27,14 @@ class DraftModel:
         self.runner, self.num_tokens = runner, num_tokens  # the target's vocabulary: no draft token beyond it
         self.computed = {}  # seq id -> (Sequence, tokens whose keys and values the draft pool holds: a prefix)
         self.probs = {}  # Sequence -> the distribution each of this step's draft tokens was drawn from (sampled ones)
+        self.batch = None  # (the sampled sequences, in row order; their SamplingBatch): kept through a step's forwards
 
     def step(self, out, wants: dict) -> dict:
         """Run the draft over every token the step's target is about to compute (and the few it lags behind), then
         draft for the sequences of `wants` ({Sequence: k}, their slots reserved). Returns {Sequence: draft}.
         Called before the target's forward, after the step's memory orders are carried out."""
         self.computed = {i: v for i, v in self.computed.items() if not v[0].is_finished}
-        self.probs = {}
+        self.probs, self.batch = {}, None
         runs = []  # (sequence, first token to compute, end, block table)
         for s, n, table in zip(out.seqs, out.num_new_tokens, out.block_tables):
             end = s.num_computed_tokens + n
@@ -103,9 +104,13 @@ class DraftModel:
         rows = [i for i, s in enumerate(who) if s.params.temperature >= SAMPLING_EPS] if self.sample else []
         if not rows:
             return tokens.tolist()
-        gens = [who[i].generator for i in rows]
-        params, none = [who[i].params for i in rows], [[]] * len(rows)
-        batch = SamplingBatch.from_params(params, none, none, self.num_tokens, None, gens, logits.device)
+        seqs = [who[i] for i in rows]
+        gens = [s.generator for s in seqs]
+        if self.batch is None or self.batch[0] != seqs:  # (the same sequences, forward after forward, mostly)
+            params, none = [s.params for s in seqs], [[]] * len(rows)
+            batch = SamplingBatch.from_params(params, none, none, self.num_tokens, None, gens, logits.device)
+            self.batch = (seqs, batch)
+        batch = self.batch[1]
         at = host_to_device(torch.tensor(rows, dtype=torch.long), logits.device)
         probs = sampling_probs(apply_penalties(logits[at].float(), batch), batch)  # (only a bias: see 13d)
         tokens[at] = exponential_race(probs, gens, self.runner.sampler.generator)
@@ -131,4 +136,5 @@ class DraftModel:
             return None
         device = probs[0].device
         return Guesses(rows, host_to_device(torch.tensor(tokens, dtype=torch.long), device), torch.stack(probs))
+
 

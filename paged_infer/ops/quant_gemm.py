@@ -223,6 +223,7 @@ def split_buffers(M: int, N: int, tiles: int, split: int, device) -> tuple:
 
 # %% ../../nbs/15g_quant_gemm.ipynb #7b0283c5
 FP8_DOT_ROWS = 8  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
+FP8_BLOCK_K = 128  # `_fp8_gemm_kernel`'s K tiles: unmasked, so K must be a multiple of them
 
 # %% ../../nbs/15g_quant_gemm.ipynb #257a6ae8
 @triton.jit
@@ -277,7 +278,7 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, part_ptr, lock_ptr, 
                  keep, tile, pid_k, M * N, SPLIT_K)
 
 
-def fp8_gemm_config(M: int, N: int, K: int, block_n: int = 64, block_k: int = 128, programs: int = 264,
+def fp8_gemm_config(M: int, N: int, K: int, block_n: int = 64, block_k: int = FP8_BLOCK_K, programs: int = 264,
                     num_warps: int = 4) -> dict:
     "Tiles and K split of `_fp8_gemm_kernel`: K split until the grid has `programs` programs (2 an H200 SM)."
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
@@ -312,7 +313,7 @@ def fp8_gemm(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     else:
         x8 = (x.float() / layer.input_scale).clamp(-448.0, 448.0).to(FP8)
         xs = layer.input_scale.reshape(1, 1).expand(x.shape[0], 1).contiguous()
-    if x.shape[0] <= FP8_DOT_ROWS and x.shape[1] % 128 == 0:  # (its K tiles: 128 wide, unmasked)
+    if x.shape[0] <= FP8_DOT_ROWS and x.shape[1] % FP8_BLOCK_K == 0:
         return fp8_dot(x8, layer.weight, xs, layer.weight_scale, x.dtype)
     return torch._scaled_mm(x8, layer.weight.T, scale_a=xs, scale_b=layer.weight_scale[None, :], out_dtype=x.dtype)
 
