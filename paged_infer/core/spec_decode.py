@@ -101,7 +101,7 @@ class Speculator:
             if known(s) >= n + len(draft) or s.is_finished:
                 came = s.token_ids(n, min(known(s), n + len(draft)))
                 a = next((j for j, (x, y) in enumerate(zip(came, draft)) if x != y), len(came))
-                self.step_done(1, a)
+                self.step_done(1, a, len(running))
                 del self.shadows[s]
         for _ in range(min(self.shadows_per_step, len(running))):
             self.turn = (self.turn + 1) % len(running)
@@ -112,12 +112,15 @@ class Speculator:
                 if draft:
                     self.shadows[s] = (n, draft)
                 else:
-                    self.step_done(1, 0)  # nothing to draft: no gain either
+                    self.step_done(1, 0, len(running))  # nothing to draft: no gain either
 
-    def step_done(self, num_seqs: int, accepted: int):
-        "Fold `accepted` draft tokens over `num_seqs` decoding sequences (one step's, or one aside) into the gain."
+    def step_done(self, num_seqs: int, accepted: int, of: int = 0):
+        """Fold `accepted` draft tokens over `num_seqs` decoding sequences into the gain: a drafting step's, or one
+        drafted aside among `of` running requests, which weighs 1/`of` of a step: one lucky sequence must not turn
+        drafting on for a whole batch."""
         g = accepted / max(1, num_seqs)
-        self.gain = g if self.gain == float('inf') else (1 - self.smoothing) * self.gain + self.smoothing * g
+        w = self.smoothing * min(1.0, num_seqs / of) if of else self.smoothing
+        self.gain = g if self.gain == float('inf') else (1 - w) * self.gain + w * g
 
     def propose(self, s: Sequence, k: int) -> list:
         "At most `k` draft tokens for `s`, looked up in its prompt and output."
@@ -154,6 +157,7 @@ class Speculator:
         "The counters, for EngineStats."
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
+
 
 
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
