@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from .sampling_params import SAMPLING_EPS
+from .spec_decode import runs_of
 from ..ops.attention import host_to_device
 from ..ops.sampler import Guesses, SamplingBatch, apply_penalties, exponential_race, sampling_probs
 from ..worker.model_runner import HostBatch, ModelRunner
+
 
 
 # %% ../../nbs/13e_draft_model.ipynb #e7032d70
@@ -121,20 +123,16 @@ class DraftModel:
     def guesses(self, sampled: list, drafts: dict) -> Guesses | None:
         """The target's rows that check a sampled draft token, for its sampler (chapter 9). `sampled`: the sequence
         of each row, a drafted one's 1 + k rows in a run (`with_drafts`, chapter 13d)."""
-        rows, tokens, probs, i = [], [], [], 0
-        while i < len(sampled):
-            s = sampled[i]
-            if s not in drafts:
-                i += 1
-                continue
-            if s in self.probs:
-                rows += range(i, i + len(drafts[s]))
-                tokens += drafts[s]
+        rows, tokens, probs = [], [], []
+        for i, s, draft in runs_of(sampled, drafts):
+            if draft is not None and s in self.probs:
+                rows += range(i, i + len(draft))
+                tokens += draft
                 probs += self.probs[s]
-            i += len(drafts[s]) + 1
         if not rows:
             return None
         device = probs[0].device
         return Guesses(rows, host_to_device(torch.tensor(tokens, dtype=torch.long), device), torch.stack(probs))
+
 
 
