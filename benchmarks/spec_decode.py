@@ -53,7 +53,7 @@ def chat(tok, text: str) -> list:
 def engine(args, spec):
     "An engine of a fixed pool (several live side by side), max_num_seqs >= the batch."
     return LLMEngine(model=args.model, device=args.device, max_num_seqs=max(args.batch, 8), num_gpu_blocks=args.blocks,
-                     speculative_config=spec)
+                     speculative_config=spec, load_format=args.load_format)
 
 
 def drain(eng) -> dict:
@@ -97,6 +97,8 @@ def acceptance(eng):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--model', default=None, help='default: the default model')
+    ap.add_argument('--load-format', default='auto', help='dummy: random weights (drafts then are rarely accepted)')
+    ap.add_argument('--no-batch1', action='store_true', help='only the batched workload')
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     ap.add_argument('--ks', default='2,4,6,8')
     ap.add_argument('--batch', type=int, default=64)
@@ -108,6 +110,8 @@ def main():
     ap.add_argument('--out', default=None)
     ap.add_argument('--dump-prompts', default=None, help="write the prompts' token ids here (for spec_vllm.py)")
     args = ap.parse_args()
+    if args.repeats < 1 or args.rounds < 1:
+        ap.error('--repeats and --rounds: 1 or more')
     hi, lo = map(int, args.lookup.split(','))
     spec = lambda k: {'method': 'ngram', 'num_speculative_tokens': k, 'prompt_lookup_max': hi, 'prompt_lookup_min': lo}
     med = lambda xs: sorted(xs)[len(xs) // 2]
@@ -116,7 +120,7 @@ def main():
                date=time.strftime('%Y-%m-%d'), args=vars(args), batch1={}, batched={})
     # 1. batch 1: every engine once per pass, passes interleaved (drift falls on all alike); the first pass untimed
     ks = [int(k) for k in args.ks.split(',')]
-    engines = {'none': engine(args, None)} | {f'k={k}': engine(args, spec(k)) for k in ks}
+    engines = {'none': engine(args, None)} | ({} if args.no_batch1 else {f'k={k}': engine(args, spec(k)) for k in ks})
     tok = engines['none'].tokenizer
     prompts = [chat(tok, a.format(p)) for a in ASKS for p in PASSAGES]
     batched = [chat(tok, OPEN_ASKS[i % len(OPEN_ASKS)]) for i in range(args.batch)]
@@ -126,13 +130,13 @@ def main():
                            rounds=args.rounds), f)
     passes = {name: [] for name in engines}
     answers = {}
-    for rep in range(args.repeats + 1):
+    for rep in range(0 if args.no_batch1 else args.repeats + 1):
         for name, eng in engines.items():
             ms, answers[name] = batch1_pass(eng, prompts, args.max_tokens)
             if rep:
                 passes[name].append(ms)
-    base = med(passes['none'])
-    for name, eng in engines.items():
+    for name, eng in engines.items() if not args.no_batch1 else ():
+        base = med(passes['none'])
         r = dict(ms_per_token=med(passes[name]), passes=passes[name], speedup=base / med(passes[name]),
                  acceptance=acceptance(eng), same_tokens=answers[name] == answers['none'],
                  output_tokens=sum(map(len, answers[name])), answers=answers[name])

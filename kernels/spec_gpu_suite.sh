@@ -4,9 +4,11 @@
 # model runs. The default model must be importable (its GGUF wheel); it is converted once (~15 s).
 #   bash kernels/spec_gpu_suite.sh OUTDIR [KS]      # KS: the k values at batch 1, default 4,6,8,10
 # Writes OUTDIR/spec_decode.json, prompts.json (for benchmarks/peer/spec_vllm.py), profile_b1_copy.json,
-# trace_k0_b1.json.gz, trace_k6_b1.json.gz, draft_model_gpu.json and their console output in suite.log.
+# trace_k0_b1.json.gz, trace_k6_b1.json.gz and draft_model_gpu.json (the console output: redirect it, e.g. to
+# OUTDIR/suite.log).
 set -u
 OUT=$1
+mkdir -p "$OUT"
 KS=${2:-4,6,8,10}
 export PYTHONUNBUFFERED=1
 DIR=$(python -c 'from paged_infer.model.default_model import prepare_default_model as p; print(p())' 2>/dev/null | tail -1)

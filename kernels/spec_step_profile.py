@@ -4,7 +4,7 @@
 
 The default model, one copy-heavy chat prompt per sequence (greedy, 256 tokens). Each engine function of the step is
 wrapped in a wall-clock timer; the table gives milliseconds per step for each, the steps, the tokens per step, and how
-many forwards replayed a CUDA graph or ran eagerly. With --trace, steps 20 to 39 of each run are also recorded by the
+many forwards replayed a CUDA graph or ran eagerly. With --trace, steps 5 to 24 of each run are also recorded by the
 torch profiler (host calls and GPU kernels) into DIR/trace_k<k>_b<batch>.json.gz, for chrome://tracing or Perfetto.
 """
 import argparse
@@ -35,6 +35,12 @@ def wrap(obj, name, times, counts):
     setattr(obj, name, timed)
 
 
+def stop_trace(prof, path: str):
+    torch.cuda.synchronize()
+    prof.stop()
+    prof.export_chrome_trace(path)
+
+
 def profile(k: int, batch: int, trace: str | None = None) -> dict:
     spec = {'method': 'ngram', 'num_speculative_tokens': k, 'prompt_lookup_max': 4, 'prompt_lookup_min': 2}
     spec = spec if k else None
@@ -59,18 +65,17 @@ def profile(k: int, batch: int, trace: str | None = None) -> dict:
     steps, tokens, prof = 0, 0, None
     t0 = time.perf_counter()
     while eng.has_unfinished_requests():
-        if trace and steps == 20:
+        if trace and steps == 5:
             prof = torch.profiler.profile(with_stack=False)
             prof.start()
         for o in eng.step():
             if o.finished:
                 tokens += len(o.outputs[0].token_ids)
         steps += 1
-        if prof is not None and steps == 40:
-            torch.cuda.synchronize()
-            prof.stop()
-            prof.export_chrome_trace(f'{trace}/trace_k{k}_b{batch}.json.gz')
-            prof = None
+        if prof is not None and steps == 25:
+            prof = stop_trace(prof, f'{trace}/trace_k{k}_b{batch}.json.gz')
+    if prof is not None:  # (a run of fewer steps)
+        stop_trace(prof, f'{trace}/trace_k{k}_b{batch}.json.gz')
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     out = dict(k=k, batch=batch, steps=steps, tokens=tokens, wall_ms_per_step=wall * 1e3 / steps,
@@ -86,7 +91,7 @@ def main():
     ap.add_argument('--ks', default='0,4,8')
     ap.add_argument('--batch', type=int, default=1)
     ap.add_argument('--out', default=None)
-    ap.add_argument('--trace', default=None, help='a folder for torch profiler traces of steps 20-39')
+    ap.add_argument('--trace', default=None, help='a folder for torch profiler traces of steps 5-24')
     a = ap.parse_args()
     res = [profile(int(k), a.batch, a.trace) for k in a.ks.split(',')]
     for r in res:

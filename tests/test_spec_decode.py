@@ -17,7 +17,7 @@ from paged_infer.bench.workloads import TOKENIZER_FILES
 from paged_infer.core.config import EngineConfigError, SpeculativeConfig
 from paged_infer.core.engine import LLMEngine
 from paged_infer.core.sampling_params import SamplingParams
-from paged_infer.core.spec_decode import SpeculativeDecoding
+from paged_infer.core.spec_decode import SpeculativeDecoding, Speculator
 from paged_infer.entrypoints.llm import LLM
 from paged_infer.model.default_model import prepare_default_model
 from paged_infer.ops import sampler
@@ -322,6 +322,35 @@ def test_drafting_pauses_while_it_is_slower_and_comes_back(shared):
     assert [o.outputs[0].token_ids for o in outs] == shared['refs'][:2]
     came_back = eng.stats().spec_decode
     assert came_back['num_accepted_tokens'] - paused['num_accepted_tokens'] > N_NEW // 2, came_back
+
+
+
+def test_the_pause_rules_bookkeeping():
+    """The rule's pieces, without a model: a sequence drafted aside weighs 1/n of a step; a batch size borrows step
+    times only from one next to it (batch 1 does not take batch 64's); drafting comes back from a pause only with
+    `margin` to spare, and stays on without it; drafting aside banks at most one step's share of credit."""
+    sp = Speculator(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2))
+    sp.gain = 0.0
+    sp.step_done(1, 4, of=64)
+    assert sp.gain == pytest.approx(sp.smoothing * 4 / 64)
+    sp.step_done(64, 64 * 4)  # a drafting step: full weight
+    assert sp.gain == pytest.approx((1 - sp.smoothing) * sp.smoothing * 4 / 64 + sp.smoothing * 4)
+    sp.seconds = ({1: 1.0, 6: 2.0, 7: 2.6}, {7: 8.0})
+    assert sp._seconds(1) == (1.0, None)
+    assert sp._seconds(40) == (2.6, 8.0) and sp._seconds(64) == (2.6, 8.0) and sp._seconds(200) == (2.6, 8.0)
+    assert sp._seconds(1000) == (None, None)
+    running = [dataclasses.make_dataclass('Group', ['seqs'])([]) for _ in range(64)]
+    sp.gain = 8.0 / 2.6 - 1 + 0.05  # drafting promises 5% more tokens a second: not enough to come back
+    sp.on = False
+    assert not sp.active(running)
+    sp.gain = 8.0 / 2.6 * 1.1 - 1 + 0.01
+    assert sp.active(running)
+    sp.gain = 8.0 / 2.6 - 1 + 0.05  # once on, it stays on while it wins at all
+    assert sp.active(running)
+    sp.on, sp.credit = False, 0.0
+    for _ in range(100):
+        sp._shadow_within(running, 2.6e-3)
+    assert sp.credit <= sp.shadow_share * 2.6e-3
 
 
 # --- a draft model (chapter 13e) ---------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def main():
               gpu_memory_utilization=a.gpu_memory_utilization, max_num_seqs=max(8, len(w['batched'])))
     init_s = time.perf_counter() - t0
     med = lambda xs: sorted(xs)[len(xs) // 2]
-    greedy = SamplingParams(temperature=0, max_tokens=w['max_tokens'], detokenize=False)
+    greedy = SamplingParams(temperature=0, max_tokens=w['max_tokens'])  # (detokenized, as paged-infer's answers are)
     passes, answers = [], []
     for rep in range(w['repeats'] + 1):
         ms, answers = [], []
@@ -65,8 +65,8 @@ def main():
     if w['batched']:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in w['batched']]
         for rep in range(w['rounds'] + 1):
-            params = [SamplingParams(temperature=0.8, seed=i, max_tokens=w['max_tokens'], ignore_eos=True,
-                                     detokenize=False) for i in range(len(prompts))]
+            params = [SamplingParams(temperature=0.8, seed=i, max_tokens=w['max_tokens'], ignore_eos=True)
+                      for i in range(len(prompts))]
             t1 = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
             rate = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t1)

@@ -7,6 +7,7 @@ __all__ = ['ngram_propose', 'Speculator', 'can_speculate', 'SpeculativeDecoding'
 
 # %% ../../nbs/13d_spec_decode.ipynb #9eb3af43
 import dataclasses
+import time
 import weakref
 
 import numpy as np
@@ -19,6 +20,7 @@ from .scheduler import Scheduler, room
 from .sequence import Sequence
 from ..ops.sampler import SamplerOutput
 from ..worker.model_runner import HostBatch
+
 
 
 # %% ../../nbs/13d_spec_decode.ipynb #92d9758a
@@ -47,13 +49,17 @@ class Speculator:
     metrics, chapter 16b)."""
 
     smoothing = 0.25  # weight of the newest measurement in a running mean
-    shadows_per_step = 2  # while paused: sequences drafted aside each step, to keep the gain measured
+    shadows_per_step = 2  # while paused: requests drafted aside in a step that has credit, to keep the gain measured
+    margin = 0.1  # while paused, drafting must promise this much more tokens a second to come back (no flapping)
+    shadow_share = 0.01  # while paused, drafting aside takes this share of the plain steps' time, on average
 
     def __init__(self, config: SpeculativeConfig):
         self.config = config
         self.gain = float('inf')  # running mean of the draft tokens accepted per running sequence and step
         self.seconds = ({}, {})  # running mean of a step's seconds by batch size (its bit length): (plain, drafting)
         self.last = None  # the mode of the step before (True: drafting), None after a step that computed a prompt
+        self.on = False  # the last decision of `active`
+        self.credit = 0.0  # seconds that drafting aside may still spend (it earns `shadow_share` of each plain step)
         self.shadows = {}  # while paused: Sequence -> (its length when drafted aside, the draft)
         self.turn = 0  # which running request is drafted aside next
         self.arrays = weakref.WeakKeyDictionary()  # Sequence -> (array of its tokens so far, how many are filled)
@@ -66,22 +72,45 @@ class Speculator:
     def active(self, running: list) -> bool:
         """Whether the next step drafts, given the running SequenceGroups: not with `disable_by_batch_size` of them or
         more; with `disable_when_slower`, only while drafting steps are measured to make tokens faster than plain ones
-        at this batch size (each mode is tried once first)."""
+        at this batch size (or one next to it, where this one is not measured both ways yet; each mode is tried once
+        first), and, to come back from a pause, faster by `margin`."""
         n, b = len(running), self.config.disable_by_batch_size
         if n == 0 or (b is not None and n >= b):
+            self.on = False
             return False
         if not self.config.disable_when_slower or self.config.method == 'draft_model':
+            self.on = True
             return True  # (a draft model's drafts cannot be made aside for free: it drafts while allowed)
-        plain, drafting = (t.get(n.bit_length()) for t in self.seconds)
+        plain, drafting = self._seconds(n)
         if drafting is None or plain is None:
             want = drafting is None
         else:  # tokens a second: n (1 + gain) / drafting against n / plain
-            want = (1 + self.gain) * plain > drafting
+            want = (1 + self.gain) * plain > (1 + (0 if self.on else self.margin)) * drafting
+        self.on = want
         if want:
             self.shadows.clear()
         else:
-            self._shadow(running)
+            self._shadow_within(running, plain)
         return want
+
+    def _shadow_within(self, running: list, plain: float | None):
+        "Draft aside while credit is left: on average `shadow_share` of a plain step's time, `plain` seconds."
+        if plain is not None:
+            self.credit = min(self.credit + self.shadow_share * plain, self.shadow_share * plain)  # (no hoard)
+            if self.credit <= 0:
+                return
+        t0 = time.perf_counter()
+        self._shadow(running)
+        if plain is not None:
+            self.credit -= time.perf_counter() - t0
+
+    def _seconds(self, n: int) -> tuple:
+        "Mean seconds of a (plain, drafting) step at `n` running, or at a batch size next to it where both are known."
+        b, plain, drafting = n.bit_length(), *self.seconds
+        both = [x for x in plain if x in drafting]
+        if b not in both:
+            b = next((x for x in (b - 1, b + 1) if x in both), b)  # (the bit lengths next to it: half or twice)
+        return plain.get(b), drafting.get(b)
 
     def observe(self, drafting: bool, num_running: int, seconds: float, steady: bool):
         """Fold the wall time of a step into its mode's mean at its batch size: only a `steady` step (no prompt tokens)
@@ -124,7 +153,7 @@ class Speculator:
 
     def propose(self, s: Sequence, k: int) -> list:
         "At most `k` draft tokens for `s`, looked up in its prompt and output."
-        return self.lookup(self.tokens(s, s.num_tokens), k)
+        return self.lookup(self.tokens(s, s.num_tokens - s.num_pending_tokens), k)
 
     def tokens(self, s: Sequence, n: int) -> np.ndarray:
         """The first `n` tokens of `s` as an array, kept from one lookup to the next: a sequence's tokens only grow, so
@@ -139,7 +168,7 @@ class Speculator:
             self.arrays[s] = (a, n)
         return a[:n]
 
-    def lookup(self, tokens: list, k: int) -> list:
+    def lookup(self, tokens, k: int) -> list:
         "At most `k` (and `num_speculative_tokens`) tokens that followed the last n-gram of `tokens` before."
         c = self.config
         return ngram_propose(tokens, min(k, c.num_speculative_tokens), c.prompt_lookup_max, c.prompt_lookup_min)
@@ -157,6 +186,9 @@ class Speculator:
         "The counters, for EngineStats."
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
+
+
+
 
 
 
