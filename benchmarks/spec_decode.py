@@ -94,6 +94,27 @@ def acceptance(eng):
     return s['num_accepted_tokens'] / s['num_draft_tokens'] if s and s['num_draft_tokens'] else None
 
 
+def batch1(args, engines: dict, prompts: list, res: dict):
+    "Every engine once per pass over the copy prompts, passes interleaved, the first untimed; results into `res`."
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    passes, answers = {name: [] for name in engines}, {}
+    for rep in range(args.repeats + 1):
+        for name, eng in engines.items():
+            ms, answers[name] = batch1_pass(eng, prompts, args.max_tokens)
+            if rep:
+                passes[name].append(ms)
+    base = med(passes['none'])
+    for name, eng in engines.items():
+        r = dict(ms_per_token=med(passes[name]), passes=passes[name], speedup=base / med(passes[name]),
+                 acceptance=acceptance(eng), same_tokens=answers[name] == answers['none'],
+                 output_tokens=sum(map(len, answers[name])), answers=answers[name])
+        res['batch1'][name] = r
+        acc = '' if r['acceptance'] is None else f', acceptance {r["acceptance"]:.0%}'
+        times = [round(x, 3) for x in passes[name]]
+        print(f'batch 1, copy-heavy, {name}: {r["ms_per_token"]:.3f} ms/token (passes {times}), '
+              f'{r["speedup"]:.2f}x{acc}, same tokens: {r["same_tokens"]}', flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--model', default=None, help='default: the default model')
@@ -118,7 +139,7 @@ def main():
     res = dict(machine=dict(device=torch.cuda.get_device_name() if args.device == 'cuda' else platform.processor(),
                             torch=torch.__version__, threads=torch.get_num_threads()),
                date=time.strftime('%Y-%m-%d'), args=vars(args), batch1={}, batched={})
-    # 1. batch 1: every engine once per pass, passes interleaved (drift falls on all alike); the first pass untimed
+    # 1. batch 1: passes interleaved (drift falls on all engines alike); --no-batch1: one engine, for the tokenizer
     ks = [int(k) for k in args.ks.split(',')]
     engines = {'none': engine(args, None)} | ({} if args.no_batch1 else {f'k={k}': engine(args, spec(k)) for k in ks})
     tok = engines['none'].tokenizer
@@ -128,23 +149,8 @@ def main():
         with open(args.dump_prompts, 'w') as f:
             json.dump(dict(batch1=prompts, batched=batched, max_tokens=args.max_tokens, repeats=args.repeats,
                            rounds=args.rounds), f)
-    passes = {name: [] for name in engines}
-    answers = {}
-    for rep in range(0 if args.no_batch1 else args.repeats + 1):
-        for name, eng in engines.items():
-            ms, answers[name] = batch1_pass(eng, prompts, args.max_tokens)
-            if rep:
-                passes[name].append(ms)
-    for name, eng in engines.items() if not args.no_batch1 else ():
-        base = med(passes['none'])
-        r = dict(ms_per_token=med(passes[name]), passes=passes[name], speedup=base / med(passes[name]),
-                 acceptance=acceptance(eng), same_tokens=answers[name] == answers['none'],
-                 output_tokens=sum(map(len, answers[name])), answers=answers[name])
-        res['batch1'][name] = r
-        acc = '' if r['acceptance'] is None else f', acceptance {r["acceptance"]:.0%}'
-        times = [round(x, 3) for x in passes[name]]
-        print(f'batch 1, copy-heavy, {name}: {r["ms_per_token"]:.3f} ms/token (passes {times}), '
-              f'{r["speedup"]:.2f}x{acc}, same tokens: {r["same_tokens"]}', flush=True)
+    if not args.no_batch1:
+        batch1(args, engines, prompts, res)
     del engines
     # 2. --batch open-ended requests at once, rounds interleaved
     if args.batch:
