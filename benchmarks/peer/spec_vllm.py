@@ -35,6 +35,8 @@ def main():
     ap.add_argument('--max-model-len', type=int, default=2048)
     ap.add_argument('--gpu-memory-utilization', type=float, default=0.3)
     ap.add_argument('--dtype', default='bfloat16', help='float32 on a CPU, as paged-infer runs there')
+    ap.add_argument('--load-format', default='auto',
+                    help="'dummy': random weights (DIR then needs only config and tokenizer)")
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
     w = json.load(open(a.prompts))
@@ -46,15 +48,17 @@ def main():
     spec = None if not a.k else {'method': 'ngram', 'num_speculative_tokens': a.k, 'prompt_lookup_max': hi,
                                  'prompt_lookup_min': lo}
     t0 = time.perf_counter()
+    batch1, batched = w.get('batch1', []), w.get('batched', [])  # (a file of one workload has no key of the other)
     llm = LLM(model=a.model, dtype=a.dtype, max_model_len=a.max_model_len, seed=0, speculative_config=spec,
-              gpu_memory_utilization=a.gpu_memory_utilization, max_num_seqs=max(8, len(w['batched'])))
+              gpu_memory_utilization=a.gpu_memory_utilization, max_num_seqs=max(8, len(batched)),
+              load_format=a.load_format)
     init_s = time.perf_counter() - t0
     med = lambda xs: sorted(xs)[len(xs) // 2]
     greedy = SamplingParams(temperature=0, max_tokens=w['max_tokens'])  # (detokenized, as paged-infer's answers are)
     passes, answers = [], []
-    for rep in range(w['repeats'] + 1):
+    for rep in range(w['repeats'] + 1 if batch1 else 0):
         ms, answers = [], []
-        for p in w['batch1']:
+        for p in batch1:
             t1 = time.perf_counter()
             out = llm.generate([TokensPrompt(prompt_token_ids=p)], greedy, use_tqdm=False)[0].outputs[0]
             ms.append((time.perf_counter() - t1) * 1e3 / len(out.token_ids))
@@ -62,8 +66,8 @@ def main():
         if rep:
             passes.append(sum(ms) / len(ms))
     rounds = []
-    if w['batched']:
-        prompts = [TokensPrompt(prompt_token_ids=p) for p in w['batched']]
+    if batched:
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in batched]
         for rep in range(w['rounds'] + 1):
             params = [SamplingParams(temperature=0.8, seed=i, max_tokens=w['max_tokens'], ignore_eos=True)
                       for i in range(len(prompts))]
@@ -74,9 +78,10 @@ def main():
                 rounds.append(rate)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'
     res = dict(engine='vllm', vllm_version=vllm.__version__, torch=torch.__version__, device=device, dtype=a.dtype,
-               k=a.k, lookup=[hi, lo], init_s=round(init_s, 1), batch1_ms_per_token=med(passes), batch1_passes=passes,
+               k=a.k, lookup=[hi, lo], load_format=a.load_format, init_s=round(init_s, 1),
+               batch1_ms_per_token=med(passes) if passes else None, batch1_passes=passes,
                batch1_output_tokens=sum(map(len, answers)), batch1_answers=answers,
-               batched=len(w['batched']), batched_output_tok_s=med(rounds) if rounds else None, batched_rounds=rounds,
+               batched=len(batched), batched_output_tok_s=med(rounds) if rounds else None, batched_rounds=rounds,
                date=time.strftime('%Y-%m-%d'))
     line = json.dumps(res)
     print('RESULT', json.dumps({x: v for x, v in res.items() if x != 'batch1_answers'}), flush=True)
