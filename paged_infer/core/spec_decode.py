@@ -161,7 +161,8 @@ class Speculator:
         a, filled = self.arrays.get(s, (None, 0))
         if a is None or len(a) < n:
             grown = np.empty(max(2 * n, 64), dtype=np.int64)
-            grown[:filled] = a[:filled] if a is not None else []
+            if a is not None:
+                grown[:filled] = a[:filled]
             a = grown
         if n > filled:
             a[filled:n] = s.token_ids(filled, n)
