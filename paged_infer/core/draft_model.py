@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from .sampling_params import SAMPLING_EPS
 from .spec_decode import runs_of
 from ..ops.attention import host_to_device
-from ..ops.sampler import Guesses, SamplingBatch, apply_penalties, exponential_race, sampling_probs
+from paged_infer.ops.sampler import (
+    Guesses, SamplingBatch, apply_penalties, argmax_rows, exponential_race, sampling_probs
+)
 from ..worker.model_runner import HostBatch, ModelRunner
 
 
@@ -102,7 +104,7 @@ class DraftModel:
     def _choose(self, logits: torch.Tensor, who: list) -> list:
         """A draft token for each row: the argmax for a greedy request; for a sampled one, a draw from the draft's
         distribution under the request's temperature and filters, that distribution kept for the check (chapter 9)."""
-        tokens = logits.argmax(-1)
+        tokens = argmax_rows(logits)
         rows = [i for i, s in enumerate(who) if s.params.temperature >= SAMPLING_EPS] if self.sample else []
         if not rows:
             return tokens.tolist()
