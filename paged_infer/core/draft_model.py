@@ -12,9 +12,7 @@ import torch.nn.functional as F
 from .sampling_params import SAMPLING_EPS
 from .spec_decode import runs_of
 from ..ops.attention import host_to_device
-from paged_infer.ops.sampler import (
-    Guesses, SamplingBatch, apply_penalties, argmax_rows, exponential_race, sampling_probs
-)
+from ..ops.sampler import Guesses, SamplingBatch, apply_penalties, argmax_rows, exponential_race, sampling_probs
 from ..worker.model_runner import HostBatch, ModelRunner
 
 

@@ -289,7 +289,6 @@ def seeded_generator(seed: int, device='cpu') -> torch.Generator:
     g.manual_seed(seed)
     return g
 
-
 # %% ../../nbs/09_sampler.ipynb #ca3c7adc
 def uniform(generators: list, generator: torch.Generator | None, device) -> torch.Tensor:
     "One number in [0, 1) per row: from the row's own generator, or the shared one."
