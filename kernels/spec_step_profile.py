@@ -73,7 +73,8 @@ def profile(k: int, batch: int, trace: str | None = None) -> dict:
                 tokens += len(o.outputs[0].token_ids)
         steps += 1
         if prof is not None and steps == 25:
-            prof = stop_trace(prof, f'{trace}/trace_k{k}_b{batch}.json.gz')
+            stop_trace(prof, f'{trace}/trace_k{k}_b{batch}.json.gz')
+            prof = None
     if prof is not None:  # (a run of fewer steps)
         stop_trace(prof, f'{trace}/trace_k{k}_b{batch}.json.gz')
     torch.cuda.synchronize()

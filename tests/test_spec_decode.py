@@ -324,7 +324,6 @@ def test_drafting_pauses_while_it_is_slower_and_comes_back(shared):
     assert came_back['num_accepted_tokens'] - paused['num_accepted_tokens'] > N_NEW // 2, came_back
 
 
-
 def test_the_pause_rules_bookkeeping():
     """The rule's pieces, without a model: a sequence drafted aside weighs 1/n of a step; a batch size borrows step
     times only from one next to it (batch 1 does not take batch 64's); drafting comes back from a pause only with

@@ -21,8 +21,6 @@ from .sequence import Sequence
 from ..ops.sampler import SamplerOutput
 from ..worker.model_runner import HostBatch
 
-
-
 # %% ../../nbs/13d_spec_decode.ipynb #92d9758a
 def ngram_propose(tokens: list, k: int, n_max: int, n_min: int) -> list:
     """Up to `k` tokens that followed the latest earlier occurrence of the sequence's last n tokens, for the longest
@@ -188,11 +186,6 @@ class Speculator:
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
 
-
-
-
-
-
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
 def can_speculate(s: Sequence) -> bool:
     """Whether a decode of `s` may carry a draft: a sampled token already (the prompt's last row may be sampled
@@ -353,7 +346,6 @@ def runs_of(sampled: list, drafts: dict):
         yield i, s, d
         i += 1 + len(d) if d else 1
 
-
 # %% ../../nbs/13d_spec_decode.ipynb #700f4a1f
 @patch
 def _verify(self: SpeculativeDecoding, out, drafts: dict) -> list:
@@ -424,4 +416,3 @@ def _accept(self: SpeculativeDecoding, s: Sequence, draft: list, samples, i: int
             if s.is_finished:
                 break
     self.speculator.record(k, a, s.num_output_tokens - m)
-
