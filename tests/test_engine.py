@@ -645,7 +645,7 @@ def test_an_embedding_prompt_may_fill_the_context():
 
 def test_dummy_load_format_makes_random_weights_of_the_config():
     """vLLM's load_format='dummy': the default model's shape with seeded noise in [-1e-3, 1e-3] in place of its weights
-    (tied embeddings stay tied); the engine serves it; an unknown format, or dummy with tensor parallelism, is refused."""
+    (tied embeddings stay tied); the engine serves it; an unknown format is refused."""
     eng = LLMEngine(num_gpu_blocks=16, load_format='dummy')
     real = LLMEngine(num_gpu_blocks=16)
     params = dict(eng.model.named_parameters())
@@ -661,8 +661,6 @@ def test_dummy_load_format_makes_random_weights_of_the_config():
     assert len(done[0].outputs[0].token_ids) == 6 and eng.block_manager.num_free_blocks == 16
     with pytest.raises(EngineConfigError, match="'auto' or 'dummy'"):
         EngineConfig(load_format='npz')
-    with pytest.raises(EngineConfigError, match='tensor parallelism'):
-        EngineConfig(load_format='dummy', tensor_parallel_size=2)
 
 
 def test_load_format_flags_reach_the_engine_config(tmp_path, capsys):

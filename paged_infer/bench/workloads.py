@@ -164,6 +164,23 @@ SHAPES = {  # model_type and config fields of the real models; weights are rando
             original_max_position_embeddings=8192,
         ),
     ),
+    'llama-3.1-70b': dict(  # too large for one GPU in bfloat16 (141 GB of weights): tensor parallelism (chapter 18)
+        model_type='llama',
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        rope_parameters=dict(
+            rope_type='llama3',
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    ),
     # mixtures of experts (chapters 7b and 15f)
     'qwen3-30b-a3b': dict(
         model_type='qwen3_moe',

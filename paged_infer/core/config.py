@@ -77,25 +77,13 @@ class EngineConfig:
             )
         if self.async_scheduling is None:
             self.async_scheduling = self.device.startswith('cuda') and self.tensor_parallel_size == 1
-        if self.async_scheduling and self.tensor_parallel_size > 1:
-            raise EngineConfigError(
-                'async scheduling is not supported with tensor parallelism '
-                '(the other ranks need every input token on the host)'
-            )
         if self.load_format not in ('auto', 'dummy'):
             raise EngineConfigError(f"load_format {self.load_format!r}: 'auto' or 'dummy'")
-        if self.load_format == 'dummy' and self.tensor_parallel_size > 1:
-            raise EngineConfigError('load_format dummy is not supported with tensor parallelism')
         check_quantization(self.quantization)
         if self.quantization is not None and self.tensor_parallel_size > 1:
             raise EngineConfigError('quantized weights are not supported with tensor parallelism')
         if not (isinstance(self.num_scheduler_steps, int) and self.num_scheduler_steps >= 1):
             raise EngineConfigError('num_scheduler_steps must be an integer >= 1')
-        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
-            raise EngineConfigError(
-                'multi-step scheduling is not supported with tensor parallelism '
-                '(the other ranks need every input token on the host)'
-            )
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.speculative_config is not None and self.num_scheduler_steps > 1:
             raise EngineConfigError('speculative decoding runs one step per schedule: num_scheduler_steps must be 1')

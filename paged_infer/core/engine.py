@@ -100,7 +100,9 @@ def _load_model(self: LLMEngine):
         return None
     from paged_infer.worker.tensor_parallel import start_tensor_parallel  # chapter 18: this process is rank 0
 
-    self.model, self.tokenizer, peers = start_tensor_parallel(c.model, c.tensor_parallel_size, c.dtype, c.device)
+    self.model, self.tokenizer, peers = start_tensor_parallel(
+        c.model, c.tensor_parallel_size, c.dtype, c.device, c.load_format
+    )
     weakref.finalize(self, peers.stop)
     return peers
 

@@ -379,7 +379,7 @@ def with_drafts(host: HostBatch, sampled: list, drafts: dict) -> tuple:
     return dataclasses.replace(host, **changes, logits_indices=rows, prompt_rows=prompt_rows, pool_rows=pool_rows), who
 
 
-# %% ../../nbs/13d_spec_decode.ipynb #bdbcaecd
+# %% ../../nbs/13d_spec_decode.ipynb #13404d65
 def runs_of(sampled: list, drafts: dict):
     """The runs of rows of a batch that `with_drafts` laid out: (first row, sequence, its draft), a drafted sequence's
     1 + k rows as one run; a row without a draft: (row, sequence, None)."""

@@ -220,10 +220,10 @@ def run_batch(self: ModelRunner, b: HostBatch, sampled: list | None = None, prev
     "Model forward over a host batch, then the logits of its sampled rows (float32), or None if it samples none."
     if self.peers is None:
         return self._forward_batch(b, sampled, prev)
-    if b.pending:
-        raise ValueError('tensor-parallel ranks need every input token on the host')
     self.peers.send('run_batch', b)  # every rank runs the same step, in step
     with self.peers.watch():  # a rank that dies mid-step: TensorParallelError, not gloo's error (chapter 18)
+        if b.pending:  # inputs the step before sampled, on this rank's device only: sent to the others (chapter 18)
+            b, prev = self.peers.share_pending(b, prev)
         return self._forward_batch(b, sampled, prev)
 
 
@@ -382,8 +382,6 @@ def _launch_steps(self: ModelRunner, host: HostBatch, sampled: list, batch: Samp
     "Decodes run `num_steps[i]` steps each in one launch, each step fed the one before's tokens on the device: (K, B)."
     if len(num_steps) != len(host.input_ids) or any(q != 1 for q in host.query_lens) or len(sampled) != len(num_steps):
         raise ValueError('multi-step runs decodes alone, one sample each, one step count per sequence')
-    if self.peers is not None:
-        raise ValueError('multi-step needs every rank to feed its own tokens: not with tensor parallelism')
     graphs = self.graphs is not None and self.graphs.fits(host.query_lens) and not host.pool_rows
     outs = []
     for j in range(max(num_steps)):

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['Shard', 'make_shard', 'RowParallelLinear', 'VocabParallelEmbedding', 'ParallelLMHead', 'shard_model',
-           'load_model_shard', 'OrderQueue', 'TensorParallelError', 'Peers', 'start_tensor_parallel']
+           'load_model_shard', 'OrderQueue', 'share_pending', 'TensorParallelError', 'Peers', 'start_tensor_parallel']
 
 # %% ../../nbs/18_tensor_parallel.ipynb #db090585
 import contextlib
@@ -15,6 +15,7 @@ import re
 import socket
 import time
 from multiprocessing.shared_memory import SharedMemory
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -28,7 +29,9 @@ from ..cache.block_table import cdiv
 from ..core.errors import EngineFatalError
 from ..model.llama import LlamaForCausalLM, ModelConfig, UnsupportedModelError
 from ..model.moe import SparseMoE
-from ..model.weights import load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
+from paged_infer.model.weights import (
+    dummy_weights, load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
+)
 
 # %% ../../nbs/18_tensor_parallel.ipynb #8b9998b3
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +179,10 @@ def shard_model(model: LlamaForCausalLM, sh: Shard, group) -> LlamaForCausalLM:
     return model
 
 # %% ../../nbs/18_tensor_parallel.ipynb #edbe7d9b
-def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', device='cpu'):
-    "Rank `rank`'s slice of a model, and the tokenizer; like `load_model` (chapter 11) for one rank of `size`."
+def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', device='cpu', load_format='auto'):
+    """Rank `rank`'s slice of a model, and the tokenizer; like `load_model` (chapter 11) for one rank of `size`.
+    `load_format='dummy'`: random weights, the same seeded stream on every rank (their slices have the same shapes),
+    so that what every rank holds whole (norms, a replicated KV head) is the same everywhere."""
     folder = resolve_model(name_or_path) if name_or_path else resolve_model()
     hf = load_hf_config(folder)
     if getattr(hf, 'quantization_config', None) is not None:
@@ -188,7 +193,11 @@ def load_model_shard(name_or_path, rank: int, size: int, group, dtype='auto', de
     sh = make_shard(config, rank, size)
     with torch.device('meta'):
         model = shard_model(LlamaForCausalLM(config), sh, group)
-    load_weights(model, folder, parse_dtype(dtype, device), device, shard=lambda n, t: shard_tensor(sh, config, n, t))
+    if load_format == 'dummy':
+        dummy_weights(model, parse_dtype(dtype, device), device)
+    else:
+        sliced = lambda n, t: shard_tensor(sh, config, n, t)
+        load_weights(model, folder, parse_dtype(dtype, device), device, shard=sliced)
     if torch.device(device).type == 'cuda':
         from paged_infer.worker.model_runner import use_triton
 
@@ -265,16 +274,32 @@ class OrderQueue:
         if unlink:
             self.shm.unlink()
 
+# %% ../../nbs/18_tensor_parallel.ipynb #c4f65ae4
+def share_pending(b, prev, group, device) -> tuple:
+    """The tokens that `b`'s pending inputs read, broadcast from rank 0 over the collectives' `group`: (`b` with its
+    pending inputs numbered 0, 1, ..., a stand-in for the step before whose `tokens` hold them in that order). Rank 0
+    passes the step before (its `tokens` on the device); the other ranks pass None and receive."""
+    if prev is not None:
+        rows = torch.tensor([src for _, src in b.pending], device=prev.tokens.device)
+        tokens = prev.tokens[rows].long()
+    else:
+        tokens = torch.empty(len(b.pending), dtype=torch.long, device=device)
+    dist.broadcast(tokens, src=0, group=group)
+    renumbered = [(at, j) for j, (at, _) in enumerate(b.pending)]
+    return dataclasses.replace(b, pending=renumbered), SimpleNamespace(tokens=tokens)
+
+
 # %% ../../nbs/18_tensor_parallel.ipynb #32dee1ee
 class TensorParallelError(EngineFatalError):
     "Another rank's process has exited: no step can run any more (restart the engine)."
 
 
 class Peers:
-    "Rank 0's handle on the other ranks: send an order, stop them."
+    "Rank 0's handle on the other ranks: send an order, share the step before's tokens, stop them."
 
-    def __init__(self, procs: list, cpu_group, queue: OrderQueue):
-        self.procs, self.cpu_group, self.queue, self.alive = procs, cpu_group, queue, True
+    def __init__(self, procs: list, group, cpu_group, queue: OrderQueue, device):
+        self.procs, self.group, self.cpu_group, self.queue, self.alive = procs, group, cpu_group, queue, True
+        self.device = device
 
     def check(self, always: bool = False):
         """Raise TensorParallelError if another rank's process has exited (rank 0 would wait for it, or fail); after
@@ -288,6 +313,10 @@ class Peers:
         with self.watch():
             if self.queue.put((op, arg), lambda: self.check(always=True)):  # too large for a slot: over gloo
                 dist.broadcast_object_list([(op, arg)], src=0, group=self.cpu_group)
+
+    def share_pending(self, b, prev) -> tuple:
+        "`share_pending` from rank 0, after the order to run `b`: the batch and the tokens its pending inputs read."
+        return share_pending(b, prev, self.group, self.device)
 
     @contextlib.contextmanager
     def watch(self):
@@ -333,7 +362,7 @@ def _init(rank: int, size: int, port: int, device: str):
     return dist.group.WORLD, (dist.new_group(backend='gloo') if backend == 'nccl' else dist.group.WORLD)
 
 # %% ../../nbs/18_tensor_parallel.ipynb #6d21bcd7
-def _worker(rank: int, size: int, port: int, queue: tuple, model, dtype: str, device: str):
+def _worker(rank: int, size: int, port: int, queue: tuple, model, dtype: str, device: str, load_format: str):
     "A rank > 0: load the slice, then carry out rank 0's orders until told to stop."
     from paged_infer.worker.model_runner import ModelRunner
     from paged_infer.worker.profiling import profile_num_gpu_blocks
@@ -341,7 +370,7 @@ def _worker(rank: int, size: int, port: int, queue: tuple, model, dtype: str, de
     if torch.device(device).type == 'cuda':
         device = f'cuda:{rank}'
     group, cpu_group = _init(rank, size, port, device)
-    m, _ = load_model_shard(model, rank, size, group, dtype, device)
+    m, _ = load_model_shard(model, rank, size, group, dtype, device, load_format)
     runner = None
     torch.set_num_threads(max(1, torch.get_num_threads() // size))
     orders = OrderQueue(size - 1, *queue)  # (the block's name, the semaphores)
@@ -358,20 +387,23 @@ def _worker(rank: int, size: int, port: int, queue: tuple, model, dtype: str, de
             profile_num_gpu_blocks(m, *arg)
         elif op == 'init_runner':
             runner = ModelRunner(m, *arg)
+        elif op == 'run_batch' and arg.pending:  # (async or multi-step scheduling: rank 0 sends the tokens)
+            b, prev = share_pending(arg, None, group, device)
+            runner.run_batch(b, prev=prev)
         else:
             getattr(runner, op)(arg)  # run_batch, copy_blocks, swap_out, swap_in
     orders.close()
     dist.destroy_process_group()
 
 # %% ../../nbs/18_tensor_parallel.ipynb #5a79e2e0
-def start_tensor_parallel(model, size: int, dtype='auto', device='cpu'):
+def start_tensor_parallel(model, size: int, dtype='auto', device='cpu', load_format='auto'):
     "Start ranks 1 .. size-1 and join them as rank 0: (rank 0's model slice, tokenizer, Peers)."
     port, queue = _free_port(), OrderQueue(size - 1)
     ctx = mp.get_context('spawn')
-    args = lambda r: (r, size, port, (queue.shm.name, queue.wakeups), model, dtype, device)
+    args = lambda r: (r, size, port, (queue.shm.name, queue.wakeups), model, dtype, device, load_format)
     procs = [ctx.Process(target=_worker, args=args(r), daemon=True) for r in range(1, size)]
     for p in procs:
         p.start()
     group, cpu_group = _init(0, size, port, device)
-    m, tok = load_model_shard(model, 0, size, group, dtype, device)
-    return m, tok, Peers(procs, cpu_group, queue)
+    m, tok = load_model_shard(model, 0, size, group, dtype, device, load_format)
+    return m, tok, Peers(procs, group, cpu_group, queue, device)
