@@ -70,7 +70,7 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
                                        Sampler(g))  # (the engine's generator draws its samples too)
             self.runner.followers.append(draft_runner)
             self.drafter = DraftModel(draft_runner, mc.vocab_size)
-        if self.runner.device.type == 'cuda' and not c.enforce_eager and not peers:
+        if self.runner.device.type == 'cuda' and not c.enforce_eager:  # (with peers: every rank, chapter 18)
             sizes = graph_batch_sizes(self.max_sampled_rows)
             self.runner.capture_decode_graphs(sizes, self.max_model_len)  # chapter 11a
             if self.drafter is not None:  # the draft's forwards of one-token rows (13e)

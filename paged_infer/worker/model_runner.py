@@ -388,7 +388,7 @@ def _launch_steps(self: ModelRunner, host: HostBatch, sampled: list, batch: Samp
         if j == 0:
             logits = self._decode_with_graph(host, prev, num_steps) if graphs else self.run_batch(host, sampled, prev)
         elif graphs:
-            logits = self.model.compute_logits(self.graphs.advance(j, outs[-1].token_ids))
+            logits = self._advance(j, outs[-1].token_ids)
         else:
             logits = self._decode_next(host, num_steps, j, outs[-1].token_ids)
         outs.append(self.sampler(logits, batch))
@@ -471,14 +471,26 @@ def capture_decode_graphs(self: ModelRunner, batch_sizes: list, max_model_len: i
     "Capture decode steps as CUDA graphs for these batch sizes (a GPU only); later pure-decode steps replay them."
     if self.device.type != 'cuda':
         raise ValueError('CUDA graphs need the model on a CUDA device')
-    if self.peers is not None:
-        raise ValueError('CUDA graphs are not used with tensor parallelism (the other ranks would have to capture too)')
+    if self.peers is not None:  # every rank captures the same graphs, meeting at their collectives (chapter 18)
+        self.peers.send('capture_decode_graphs', (batch_sizes, max_model_len))
     self.graphs = DecodeGraphs(self.model, self.kv_layers, self.block_size, max_model_len, batch_sizes)
 
 
 @patch
 def _decode_with_graph(self: ModelRunner, b: HostBatch, prev: StepFuture | None = None, num_steps: list | None = None):
     "A decode-only batch through the graphs: its sampled rows' logits, or None (`num_steps`: multi-step's first)."
+    if self.peers is not None:  # every rank replays its own graph of the same batch (chapter 18)
+        self.peers.send('decode_with_graph', (b, num_steps))
+        with self.peers.watch():
+            if b.pending:
+                b, prev = self.peers.share_pending(b, prev)
+            return self._replay(b, prev, num_steps)
+    return self._replay(b, prev, num_steps)
+
+
+@patch
+def _replay(self: ModelRunner, b: HostBatch, prev=None, num_steps: list | None = None):
+    "`_decode_with_graph` on this rank."
     B = self.block_size
     slots = [t[p // B] * B + p % B for p, t in zip(b.positions, b.block_tables)]
     prev_tokens = prev.tokens if prev is not None else None
@@ -489,4 +501,15 @@ def _decode_with_graph(self: ModelRunner, b: HostBatch, prev: StepFuture | None 
     if b.logits_indices != list(range(len(b.input_ids))):
         hidden = hidden[host_to_device(torch.tensor(b.logits_indices), self.device)]
     return self.model.compute_logits(hidden)  # (num_sampled, vocab) float32
+
+
+@patch
+def _advance(self: ModelRunner, j: int, tokens: torch.Tensor) -> torch.Tensor:
+    "Step `j` > 0 of a multi-step launch through the graphs, fed `tokens` (the step before's): logits of every row."
+    if self.peers is not None:  # the other ranks advance their graphs with rank 0's tokens (chapter 18)
+        self.peers.send('advance', j)
+        with self.peers.watch():
+            self.peers.share_tokens(tokens)
+            return self.model.compute_logits(self.graphs.advance(j, tokens))
+    return self.model.compute_logits(self.graphs.advance(j, tokens))
 

@@ -318,6 +318,10 @@ class Peers:
         "`share_pending` from rank 0, after the order to run `b`: the batch and the tokens its pending inputs read."
         return share_pending(b, prev, self.group, self.device)
 
+    def share_tokens(self, tokens: torch.Tensor):
+        "Send the other ranks `tokens` (long, on the device), after the order that reads them (multi-step's `advance`)."
+        dist.broadcast(tokens, src=0, group=self.group)
+
     @contextlib.contextmanager
     def watch(self):
         "Around an order or a step's collectives: a rank that died meanwhile raises TensorParallelError, not gloo's."
@@ -390,6 +394,16 @@ def _worker(rank: int, size: int, port: int, queue: tuple, model, dtype: str, de
         elif op == 'run_batch' and arg.pending:  # (async or multi-step scheduling: rank 0 sends the tokens)
             b, prev = share_pending(arg, None, group, device)
             runner.run_batch(b, prev=prev)
+        elif op == 'capture_decode_graphs':
+            runner.capture_decode_graphs(*arg)
+        elif op == 'decode_with_graph':
+            b, prev = share_pending(arg[0], None, group, device) if arg[0].pending else (arg[0], None)
+            runner._replay(b, prev, arg[1])
+        elif op == 'advance':  # multi-step through the graphs: rank 0's tokens of the step before
+            n = runner.graphs.last[0]
+            tokens = torch.empty(n, dtype=torch.long, device=device)
+            dist.broadcast(tokens, src=0, group=group)
+            runner.model.compute_logits(runner.graphs.advance(arg, tokens))
         else:
             getattr(runner, op)(arg)  # run_batch, copy_blocks, swap_out, swap_in
     orders.close()

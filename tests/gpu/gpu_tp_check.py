@@ -5,15 +5,20 @@
 1. tiny: chapter 18's two small shapes (Llama-like, 8 heads over 2 KV heads, llama3 rope; Qwen2-like, 4 heads over 1
    KV head replicated, qkv bias, tied, odd vocabulary), float32 on cuda: TP=1, TP=2 and HF `generate`, 4 prompts x 12
    greedy tokens: token-identical (as chapter 18's CPU test over gloo, here over NCCL and the Triton kernels).
+   Then TP=2 with CUDA graphs on both ranks, with async scheduling and with multi-step scheduling (4 steps a
+   launch), each against TP=1.
 2. 8b: a random-weight Llama-3.1-8B-shaped model (bf16 folder, `make_random_model`, reused by the throughput runs).
    a. float32 (the bf16 weights, upcast, so the same model): HF fp32 `generate` against TP=1 and TP=2, the latter
-      also with a pool small enough to preempt by swapping and with chunked prefill (64-token budget): 8 prompts of
-      24-300 random tokens x 32 greedy tokens. In float32 near-ties are rare, so tokens should agree.
-   b. bfloat16: HF bf16 `generate` against TP=1 (eager, CUDA graphs) and TP=2. Random weights give flat logits, so
-      bf16 paths part at near-ties; as in gpu_parity.py the measure is teacher-forced: along each run's own output,
-      the log-probability it reported against a float32 copy's, max abs error, beside HF bf16's own error on the same
-      sequences. TP=2 no worse than TP=1 and HF means the split adds nothing beyond bf16 rounding.
-Every engine run checks that its pool is all free at the end. Results go to gpu_tp_check.json as they come.
+      also with a pool small enough to preempt by swapping, with chunked prefill (64-token budget), and with CUDA
+      graphs on both ranks, alone and with async and multi-step scheduling: 8 prompts of 24-300 random tokens x 32
+      greedy tokens. In float32 near-ties are rare, so tokens should agree.
+   b. bfloat16: HF bf16 `generate` against TP=1 (eager, CUDA graphs) and TP=2 (eager, graphs, graphs with async
+      scheduling). Random weights give flat logits, so bf16 paths part at near-ties; as in gpu_parity.py the measure
+      is teacher-forced: along each run's own output, the log-probability it reported against a float32 copy's, max
+      abs error, beside HF bf16's own error on the same sequences. TP=2 no worse than TP=1 and HF means the split adds
+      nothing beyond bf16 rounding.
+Every engine run checks that its pool is all free at the end. Results go to gpu_tp_check.json as they come; the
+script exits with an error if a token check of part 1 fails.
 """
 import argparse, json, shutil, tempfile, time
 from pathlib import Path
@@ -27,6 +32,18 @@ from paged_infer.model.default_model import prepare_default_model
 from paged_infer.core.sampling_params import SamplingParams
 
 ROWS = []
+FAILED = []
+TP2_MODES = {'graphs': dict(eager=False), 'graphs async': dict(eager=False, async_scheduling=True),
+             'graphs multi-step 4': dict(eager=False, num_scheduler_steps=4),
+             'graphs async multi-step 4': dict(eager=False, async_scheduling=True, num_scheduler_steps=4),
+             'eager async multi-step 4': dict(async_scheduling=True, num_scheduler_steps=4)}
+
+
+def check(ok: bool, what: str):
+    "Note a failed check (the script exits with an error at the end)."
+    if not ok:
+        FAILED.append(what)
+        print('FAILED:', what, flush=True)
 
 
 def emit(out, row):
@@ -99,6 +116,11 @@ def tiny(a):
         two, _, i2 = run_engine(folder, prompts, 12, 'float32', 2, num_gpu_blocks=64, enable_prefix_caching=False)
         emit(a.out, dict(part='tiny', shape=name, dtype='float32', tp1_eq_hf=one == ref, tp2_eq_hf=two == ref, tp2_eq_tp1=two == one,
                          tp1=i1, tp2=i2))
+        check(one == ref and two == ref, f'tiny {name}: TP=1 or TP=2 eager parts from HF')
+        for mode, kw in TP2_MODES.items():  # CUDA graphs on both ranks, async and multi-step scheduling
+            got, _, info = run_engine(folder, prompts, 12, 'float32', 2, num_gpu_blocks=64, enable_prefix_caching=False, **kw)
+            emit(a.out, dict(part='tiny', shape=name, dtype='float32', run=f'tp2 {mode}', tp2_eq_tp1=got == one, **info))
+            check(got == one, f'tiny {name}: TP=2 {mode} parts from TP=1')
         shutil.rmtree(folder.parent)
 
 
@@ -114,7 +136,9 @@ def eight_b(a):
             ('fp32 tp2 preempt-swap', 'float32', 2, True, dict(num_gpu_blocks=40, num_cpu_blocks=256, preemption_mode='swap')),
             ('fp32 tp2 chunked', 'float32', 2, True, dict(max_num_batched_tokens=64)),
             ('bf16 tp1 eager', 'bfloat16', 1, True, {}), ('bf16 tp1 graphs', 'bfloat16', 1, False, {}),
-            ('bf16 tp2', 'bfloat16', 2, True, {})]  # CUDA graphs with TP are not supported (docs/journal.md)
+            ('bf16 tp2', 'bfloat16', 2, True, {}), ('fp32 tp2 graphs', 'float32', 2, False, {}),
+            ('fp32 tp2 graphs async multi-step 4', 'float32', 2, False, dict(async_scheduling=True, num_scheduler_steps=4)),
+            ('bf16 tp2 graphs', 'bfloat16', 2, False, {}), ('bf16 tp2 graphs async', 'bfloat16', 2, False, dict(async_scheduling=True))]
     if a.runs: plan = [r for r in plan if r[0] in a.runs.split(',') or r[0] == 'bf16 tp1 eager']
     for name, dtype, tp, eager, kw in plan:
         toks, lps, info = run_engine(folder, prompts, N, dtype, tp, eager, **kw)
@@ -163,6 +187,8 @@ def main():
     print(f'{torch.cuda.device_count()} GPUs: {torch.cuda.get_device_name(0)}; torch {torch.__version__}', flush=True)
     if 'tiny' in a.parts: tiny(a)
     if '8b' in a.parts: eight_b(a)
+    if FAILED:
+        raise SystemExit(f'{len(FAILED)} checks failed: ' + '; '.join(FAILED))
 
 
 if __name__ == '__main__':
