@@ -27,11 +27,11 @@ import torch.nn.functional as F
 
 from ..cache.block_table import cdiv
 from ..core.errors import EngineFatalError
+from ..ops.attention import host_to_device
 from ..model.llama import LlamaForCausalLM, ModelConfig, UnsupportedModelError
 from ..model.moe import SparseMoE
-from paged_infer.model.weights import (
-    dummy_weights, load_hf_config, load_tokenizer, load_weights, parse_dtype, resolve_model
-)
+from ..model.weights import dummy_weights, load_hf_config, load_tokenizer, load_weights, parse_dtype
+from ..model.weights import resolve_model
 
 # %% ../../nbs/18_tensor_parallel.ipynb #8b9998b3
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +280,7 @@ def share_pending(b, prev, group, device) -> tuple:
     pending inputs numbered 0, 1, ..., a stand-in for the step before whose `tokens` hold them in that order). Rank 0
     passes the step before (its `tokens` on the device); the other ranks pass None and receive."""
     if prev is not None:
-        rows = torch.tensor([src for _, src in b.pending], device=prev.tokens.device)
+        rows = host_to_device(torch.tensor([src for _, src in b.pending]), prev.tokens.device)  # (no wait for it)
         tokens = prev.tokens[rows].long()
     else:
         tokens = torch.empty(len(b.pending), dtype=torch.long, device=device)
