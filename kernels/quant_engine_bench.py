@@ -2,8 +2,10 @@
 with the same quantization beside it: weight memory, the decode step at batch 1, 16 and 256 (128 prompt tokens,
 32 output tokens, greedy: `run_latency`), and offline throughput on the sharegpt-like workload.
 
-    python kernels/quant_engine_bench.py --tokenizer DIR [--methods bf16,awq,gptq,fp8] [--engines ours,vllm]
-        [--requests 256] [--out DIR]
+    python kernels/quant_engine_bench.py --tokenizer DIR [--methods bf16,awq,gptq,gptq-lm-head,fp8]
+        [--engines ours,vllm] [--requests 256] [--out DIR]
+
+gptq-lm-head: GPTQ with the output layer quantized too (its config.json says `lm_head: true`, as gptqmodel writes).
 
 vLLM runs through chapter 17e's peer (`PAGED_INFER_VLLM_PYTHONPATH`, e.g. /tmp/site), one vLLM process a method
 for all of its measurements (kernels/quant_vllm_suite.py), on the same token ids and output lengths.
@@ -28,6 +30,7 @@ from paged_infer.bench.workloads import make_random_model, make_workload  # noqa
 from paged_infer.core.config import EngineConfig  # noqa: E402
 from paged_infer.core.engine import LLMEngine  # noqa: E402
 from paged_infer.ops import quant_gemm  # noqa: E402
+from quant_weight_bytes import with_lm_head_quantized  # noqa: E402  (kernels/ is on the path when this runs)
 
 PROMPT, OUTPUT = 128, 32
 
@@ -41,10 +44,15 @@ def weight_bytes(model) -> int:
     return n
 
 
+def model_folder(folder, method) -> Path:
+    "The folder a method loads: gptq-lm-head's config.json names GPTQ with a quantized output layer."
+    return with_lm_head_quantized(folder) if method == 'gptq-lm-head' else folder
+
+
 def config(folder, method) -> EngineConfig:
-    q = None if method == 'bf16' else method
-    return EngineConfig(model=str(folder), load_format='dummy', quantization=q, max_model_len=2048,
-                        gpu_memory_utilization=0.85)
+    q = None if method in ('bf16', 'gptq-lm-head') else method  # (gptq-lm-head: read from its config.json)
+    return EngineConfig(model=str(model_folder(folder, method)), load_format='dummy', quantization=q,
+                        max_model_len=2048, gpu_memory_utilization=0.85)
 
 
 def ours(folder, method, batch_sizes, workload) -> dict:
@@ -69,7 +77,7 @@ def ours(folder, method, batch_sizes, workload) -> dict:
 
 def vllm(folder, method, batch_sizes, workload, out: Path) -> dict:
     "One vLLM process for the method: its latency at each batch size, then the throughput run."
-    engine = engine_spec(config(folder, method), folder, 'dummy', 0.85)
+    engine = engine_spec(config(folder, method), model_folder(folder, method), 'dummy', 0.85)
     vocab = json.loads((folder / 'config.json').read_text())['vocab_size']
     parts = [latency_spec(latency_inputs(bs, PROMPT, 3, 0, vocab), OUTPUT, engine) for bs in batch_sizes]
     if workload is not None:

@@ -33,7 +33,7 @@ def _linears(sd: dict) -> list:
     return sorted(k[: -len('.weight')] for k in sd if k.startswith('model.layers.') and k.endswith('_proj.weight'))
 
 
-def _write(src: Path, out: Path, tensors: dict, quantization_config: dict | None):
+def _write(src: Path, out: Path, tensors: dict, quantization_config: dict | None, **config_changes):
     tmp = out.with_name(out.name + '.tmp')
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -43,6 +43,7 @@ def _write(src: Path, out: Path, tensors: dict, quantization_config: dict | None
     config = json.loads((src / 'config.json').read_text())
     if quantization_config is not None:
         config['quantization_config'] = quantization_config
+    config.update(config_changes)
     (tmp / 'config.json').write_text(json.dumps(config, indent=2))
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / 'model.safetensors', metadata={'format': 'pt'})
     shutil.rmtree(out, ignore_errors=True)
@@ -131,8 +132,10 @@ def make_awq(src: Path, out: Path, oracle: Path, group_size: int = 128):
 
 
 def make_gptq(src: Path, out: Path, oracle: Path, bits: int = 4, group_size: int = 128, desc_act: bool = False,
-              sym: bool = True):
-    "GPTQ checkpoint as gptqmodel writes it (checkpoint_format 'gptq'); `desc_act`: groups in a shuffled order."
+              sym: bool = True, lm_head: bool = False):
+    """GPTQ checkpoint as gptqmodel writes it (checkpoint_format 'gptq'); `desc_act`: groups in a shuffled order;
+    `lm_head`: the output layer quantized too (gptqmodel's `lm_head=True`), as its own layer, no longer tied to the
+    embedding (which stays float)."""
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
     from gptqmodel.quantization.config import QuantizeConfig
     from gptqmodel.quantization.quantizer import Quantizer
@@ -142,7 +145,9 @@ def make_gptq(src: Path, out: Path, oracle: Path, bits: int = 4, group_size: int
     sd = load_file(src / 'model.safetensors')
     qsd, fsd = dict(sd), dict(sd)
     gen = torch.Generator().manual_seed(0)
-    for name in _linears(sd):
+    if lm_head:  # SmolLM2 ties its output layer to the embedding: the quantized copy is the output layer's own
+        qsd['lm_head.weight'] = fsd['lm_head.weight'] = sd['model.embed_tokens.weight']
+    for name in _linears(sd) + (['lm_head'] if lm_head else []):
         w = qsd.pop(f'{name}.weight').float()
         N, K = w.shape
         order = torch.randperm(K, generator=gen) if desc_act else torch.arange(K)  # the order GPTQ visits inputs
@@ -166,9 +171,10 @@ def make_gptq(src: Path, out: Path, oracle: Path, bits: int = 4, group_size: int
         convert_gptq_v1_to_v2_format_module(ql, bits=bits, pack_dtype=torch.int32)  # back, as a reader does
         fsd[f'{name}.weight'] = ql.eval().dequantize_weight().T.float()
     config = {'quant_method': 'gptq', 'bits': bits, 'group_size': group_size, 'desc_act': desc_act, 'sym': sym,
-              'lm_head': False, 'checkpoint_format': 'gptq'}
-    _write(src, out, qsd, config)
-    _write(src, oracle, fsd, None)
+              'lm_head': lm_head, 'checkpoint_format': 'gptq'}
+    untied = {'tie_word_embeddings': False} if lm_head else {}
+    _write(src, out, qsd, config, **untied)
+    _write(src, oracle, fsd, None, **untied)
 
 
 MAKERS = {
@@ -182,6 +188,7 @@ MAKERS = {
     'gptq': lambda s, o, f: make_gptq(s, o, f, 4, 64),
     'gptq-act-asym': lambda s, o, f: make_gptq(s, o, f, 4, 64, desc_act=True, sym=False),
     'gptq-8bit-act': lambda s, o, f: make_gptq(s, o, f, 8, 64, desc_act=True),
+    'gptq-lm-head': lambda s, o, f: make_gptq(s, o, f, 4, 64, lm_head=True),
 }
 
 

@@ -81,7 +81,7 @@ def run_engine(engine: LLMEngine, workload: BenchWorkload, progress: bool = True
     p0, h0, c0 = sched.num_preemptions, bm.prefix_hits, engine.num_prompt_tokens
     done, running, share = {}, [], []
     bar = tqdm(total=len(workload), desc='engine', disable=not progress, dynamic_ncols=True)
-    dev = engine.model.lm_head.weight.device
+    dev = engine.model.device
     load0 = _load()
     _sync(dev)
     t0 = time.perf_counter()
@@ -147,7 +147,7 @@ def run_latency(
     if output_len < 2:
         raise ValueError(f'output_len must be >= 2 (the first token comes from the prefill), got {output_len}')
     batches = latency_inputs(batch_size, input_len, num_iters, seed, vocab_size)
-    dev = engine.model.lm_head.weight.device
+    dev = engine.model.device
     prefill, decode, e2e, per_iter = [], [], [], []
     for it, batch in enumerate(tqdm(batches, desc='latency', disable=not progress, dynamic_ncols=True)):
         params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)

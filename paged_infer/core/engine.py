@@ -58,7 +58,7 @@ class LLMEngine(Postprocessor, BeamSearch, SpeculativeDecoding):
             c.max_num_seqs, budget, self.max_model_len, c.enable_chunked_prefill, c.preemption_mode, c.policy
         )
         self.scheduler = Scheduler(sc, self.block_manager)
-        g = torch.Generator(device=self.model.lm_head.weight.device)
+        g = torch.Generator(device=self.model.device)
         g.manual_seed(c.seed)
         self.runner = ModelRunner(self.model, n_blocks, c.block_size, n_cpu, self.tokenizer.eos_token_id, Sampler(g))
         if peers:
@@ -131,7 +131,7 @@ def _pool_sizes(self: LLMEngine, budget: int, peers) -> tuple:
         bb += block_bytes(self.draft_model.config, c.block_size, next(self.draft_model.parameters()).dtype)
     if c.num_gpu_blocks:
         n_blocks = c.num_gpu_blocks
-    elif self.model.lm_head.weight.is_cuda:
+    elif self.model.device.type == 'cuda':
         profile = (budget, self.max_sampled_rows, c.block_size, c.gpu_memory_utilization)
         if peers:
             peers.send('profile', profile)  # every rank runs the dummy step: it meets the others at the collectives
@@ -237,7 +237,7 @@ def add_request(self: LLMEngine, prompt, params: SamplingParams | None = None, r
     ids, text, params = self.check_request(prompt, params)
     seq = Sequence(ids, params, grammar=self.grammars.grammar(params))
     if params.seed is not None:
-        seq.generator = seeded_generator(params.seed, self.model.lm_head.weight.device)
+        seq.generator = seeded_generator(params.seed, self.model.device)
     arrival = time.monotonic() if arrival_time is None else arrival_time
     g = SequenceGroup(request_id, [seq], params, arrival, priority, text)
     self.detoks[seq.seq_id] = self._detokenizer(seq)

@@ -109,7 +109,7 @@ def _fork(self: Postprocessor, g: SequenceGroup, s: Sequence) -> Sequence:
     child = s.fork()
     child.request_id = s.request_id
     if s.params.seed is not None:  # each sample its own stream, reproducible whatever else runs
-        child.generator = seeded_generator(s.params.seed + len(g.seqs), self.model.lm_head.weight.device)
+        child.generator = seeded_generator(s.params.seed + len(g.seqs), self.model.device)
     self.block_manager.fork(s.seq_id, child.seq_id)
     g.seqs.append(child)
     self.detoks[child.seq_id] = d = self._detokenizer(child)

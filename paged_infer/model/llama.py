@@ -313,6 +313,12 @@ def compute_logits(self: LlamaForCausalLM, hidden: torch.Tensor) -> torch.Tensor
     "Logits of the chosen rows only, in float32: (rows, vocab_size)."
     return self.lm_head(hidden).float()
 
+
+@patch(as_prop=True)
+def device(self: LlamaForCausalLM) -> torch.device:
+    "Where the model's weights are (the embedding's device: it is never quantized)."
+    return self.model.embed_tokens.weight.device
+
 # %% ../../nbs/07_model.ipynb #b7ed6bdc
 def allocate_kv_cache(c: ModelConfig, num_blocks: int, block_size: int, dtype, device='cpu') -> torch.Tensor:
     "The paged KV pool of all layers: (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)."

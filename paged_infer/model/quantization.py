@@ -61,6 +61,7 @@ class QuantScheme:
     group_size: int = 128  # input features per scale; -1: one group over all of them (a scale per output feature)
     symmetric: bool = True  # no zero points stored: the zero is the middle of the range, 2 ** (bits - 1)
     zero_offset: int = 0  # GPTQ's original checkpoint format stores zero - 1 (`checkpoint_format` 'gptq')
+    lm_head: bool = False  # the output layer is quantized too (GPTQ's `lm_head: true`); the embedding never is
     act_scale: str | None = None  # fp8: None (weight-only), 'token' (a scale per row, at run time), 'tensor' (static)
 
     def __post_init__(self):
@@ -82,11 +83,9 @@ def _gptq(q: dict) -> QuantScheme:
     fmt = q.get('checkpoint_format', 'gptq')
     if fmt not in ('gptq', 'gptq_v2'):
         raise UnsupportedQuantizationError(f'gptq checkpoint_format {fmt!r}: gptq and gptq_v2 are supported')
-    if q.get('lm_head', False):
-        raise UnsupportedQuantizationError('gptq with a quantized lm_head')
     offset = 1 if fmt == 'gptq' else 0  # the original format stores zero - 1 (even symmetric: 7 for 8)
     return QuantScheme('gptq', bits=q['bits'], group_size=q.get('group_size', 128), symmetric=q.get('sym', True),
-                       zero_offset=offset)
+                       zero_offset=offset, lm_head=bool(q.get('lm_head', False)))
 
 
 def _fp8(q: dict) -> QuantScheme:
@@ -354,10 +353,11 @@ def quantized_modules(folder: str | Path) -> set:
 
 # %% ../../nbs/08b_quantization.ipynb #c9a0e5fd
 def quantize_linears(model: nn.Module, scheme: QuantScheme, names: set | None = None) -> nn.Module:
-    "Put a `QuantLinear` in place of each `nn.Linear` named in `names` (None: every one but `lm_head`)."
+    """Put a `QuantLinear` in place of each `nn.Linear` named in `names` (None: every one but `lm_head`, unless
+    `scheme.lm_head`)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     if names is None:
-        names = {n for n in linears if n != 'lm_head'}
+        names = {n for n in linears if n != 'lm_head' or scheme.lm_head}
     for name in sorted(names):
         if name not in linears:
             raise UnsupportedQuantizationError(f'{name}: a quantized tensor of a layer that is not a plain linear')

@@ -49,10 +49,12 @@ def load_model(name_or_path=None, dtype='auto', device='cpu', attention='auto', 
         raise ValueError(f"load_format {load_format!r}: 'auto' or 'dummy'")
     hf = json.loads((folder / 'config.json').read_text())
     if load_format == 'dummy' and quantization is not None and 'quantization_config' not in hf:
-        scheme, names = default_scheme(quantization), None  # random weights in that format, for benchmarks
+        scheme = default_scheme(quantization)  # random weights in that format, for benchmarks
     else:
         scheme = quant_scheme(hf, quantization)
-        names = None if scheme is None or scheme.method == 'fp8-online' else quantized_modules(folder)
+    # the layers the files store quantized; with no files to read (random weights, or fp8 made at load), the scheme's
+    every_layer = load_format == 'dummy' or (scheme is not None and scheme.method == 'fp8-online')
+    names = None if scheme is None or every_layer else quantized_modules(folder)
     if scheme is not None:
         quantize_linears(model, scheme, names)
     if load_format == 'dummy':
