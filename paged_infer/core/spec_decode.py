@@ -74,7 +74,6 @@ def ngram_propose_many(arrays: list, k: int, n_max: int, n_min: int) -> list:
             drafts[i] = arrays[i][f : f + k].tolist()
     return drafts
 
-
 # %% ../../nbs/13d_spec_decode.ipynb #b907cea6
 class Speculator:
     """The n-gram proposer of a SpeculativeConfig, when to use it, and speculative decoding's counters (vLLM's
@@ -377,7 +376,6 @@ def with_drafts(host: HostBatch, sampled: list, drafts: dict) -> tuple:
     pool_rows = [(s, moved.get(r, r)) for s, r in host.pool_rows]
     changes = dict(input_ids=ids, positions=pos, context_lens=ctx, query_lens=qlen, block_tables=tables)
     return dataclasses.replace(host, **changes, logits_indices=rows, prompt_rows=prompt_rows, pool_rows=pool_rows), who
-
 
 # %% ../../nbs/13d_spec_decode.ipynb #13404d65
 def runs_of(sampled: list, drafts: dict):

@@ -288,7 +288,6 @@ def share_pending(b, prev, group, device) -> tuple:
     renumbered = [(at, j) for j, (at, _) in enumerate(b.pending)]
     return dataclasses.replace(b, pending=renumbered), SimpleNamespace(tokens=tokens)
 
-
 # %% ../../nbs/18_tensor_parallel.ipynb #32dee1ee
 class TensorParallelError(EngineFatalError):
     "Another rank's process has exited: no step can run any more (restart the engine)."
