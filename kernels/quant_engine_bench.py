@@ -30,18 +30,9 @@ from paged_infer.bench.workloads import make_random_model, make_workload  # noqa
 from paged_infer.core.config import EngineConfig  # noqa: E402
 from paged_infer.core.engine import LLMEngine  # noqa: E402
 from paged_infer.ops import quant_gemm  # noqa: E402
-from quant_weight_bytes import with_lm_head_quantized  # noqa: E402  (kernels/ is on the path when this runs)
+from quant_weight_bytes import weight_bytes, with_lm_head_quantized  # noqa: E402  (kernels/ is on the path)
 
 PROMPT, OUTPUT = 128, 32
-
-
-def weight_bytes(model) -> int:
-    seen, n = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            n += t.numel() * t.element_size()
-    return n
 
 
 def model_folder(folder, method) -> Path:
