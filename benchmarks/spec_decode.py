@@ -121,7 +121,7 @@ def batch1(args, engines: dict, prompts: list, res: dict):
 
 def watch(eng, log: dict):
     "Record each step's seconds of `eng` in log['steps'] and, where it has a speculator, the rule's choice and time."
-    log.update(steps=[], rule=[], drafting=0)
+    log.update(steps=[], rule=[], drafting=0, drafting_by_bits={})
     step, sp = eng.step, eng.speculator
 
     def timed_step():
@@ -140,6 +140,9 @@ def watch(eng, log: dict):
         want = rule(running)
         log['rule'].append(time.perf_counter() - t0)
         log['drafting'] += want
+        if want:  # by the running batch's bit length (batch 64-127: 7)
+            bits = len(running).bit_length()
+            log['drafting_by_bits'][bits] = log['drafting_by_bits'].get(bits, 0) + 1
         return want
 
     sp.active = timed_rule
@@ -176,10 +179,13 @@ def batched(args, engines: dict, prompts: list, res: dict):
             line += f', {r["steps"]} steps, median step {r["median_step_ms"]:.3f} ms'
             if log['rule']:
                 r['drafting_steps'] = log['drafting']
+                r['drafting_steps_by_bit_length'] = log['drafting_by_bits']
+                r['gain'] = eng.speculator.gain
                 r['rule_share'] = sum(log['rule']) / sum(log['steps'])
                 r['rule_median_us'] = med(log['rule']) * 1e6
                 r['step_seconds_held'] = [{b: t * 1e3 for b, t in m.items()} for m in eng.speculator.seconds]
-                line += (f'; the rule chose drafting in {log["drafting"]} steps, took {r["rule_share"]:.2%} of the '
+                line += (f'; the rule chose drafting in {log["drafting"]} steps (by batch bit length '
+                         f'{log["drafting_by_bits"]}; gain at the end {r["gain"]:.3f}), took {r["rule_share"]:.2%} of the '
                          f'step time (median {r["rule_median_us"]:.0f} us), ms held by batch bit length (plain, '
                          f'drafting): {r["step_seconds_held"]}')
         res['batched'][name] = r

@@ -327,7 +327,8 @@ def test_drafting_pauses_while_it_is_slower_and_comes_back(shared):
 def test_the_pause_rules_bookkeeping():
     """The rule's pieces, without a model: a sequence drafted aside weighs 1/n of a step; a batch size borrows step
     times only from one next to it (batch 1 does not take batch 64's); drafting comes back from a pause only with
-    `margin` to spare, and stays on without it; drafting aside banks at most one step's share of credit."""
+    `margin` to spare, and stays on without it; a gain under the margin does not try drafting, nor does no gain keep it
+    on; drafting aside banks at most one step's share of credit."""
     sp = Speculator(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2))
     sp.gain = 0.0
     sp.step_done(1, 4, of=64)
@@ -346,6 +347,13 @@ def test_the_pause_rules_bookkeeping():
     assert sp.active(running)
     sp.gain = 8.0 / 2.6 - 1 + 0.05  # once on, it stays on while it wins at all
     assert sp.active(running)
+    sp.seconds, sp.on, sp.gain = ({}, {}), False, sp.margin / 2  # nothing measured, a gain under the margin:
+    assert not sp.active(running)  # a drafting step costs at least a plain one, so drafting is not even tried
+    sp.gain = 2 * sp.margin
+    assert sp.active(running)  # (a gain that could pay: drafting is tried first where nothing is measured)
+    sp.seconds = ({7: 2.6}, {7: 2.0})  # drafting measured faster than plain: noise, it does more work
+    sp.on, sp.gain = True, 0.0
+    assert not sp.active(running)
     sp.on, sp.credit = False, 0.0
     for _ in range(100):
         sp._shadow_within(running, 2.6e-3)

@@ -103,8 +103,9 @@ class Speculator:
     def active(self, running: list) -> bool:
         """Whether the next step drafts, given the running SequenceGroups: not with `disable_by_batch_size` of them or
         more; with `disable_when_slower`, only while drafting steps are measured to make tokens faster than plain ones
-        at this batch size (or one next to it, where this one is not measured both ways yet; each mode is tried once
-        first), and, to come back from a pause, faster by `margin`."""
+        at this batch size (or one next to it, where this one is not measured both ways yet; drafting is tried first),
+        and, to come back from a pause, faster by `margin`. A drafting step is never faster than a plain one, so a gain
+        that does not beat the margin keeps drafting off without trying it."""
         n, b = len(running), self.config.disable_by_batch_size
         if n == 0 or (b is not None and n >= b):
             self.on = False
@@ -113,10 +114,13 @@ class Speculator:
             self.on = True
             return True  # (a draft model's drafts cannot be made aside for free: it drafts while allowed)
         plain, drafting = self._seconds(n)
-        if drafting is None or plain is None:
+        floor = 0 if self.on else self.margin  # the gain in tokens a second that drafting must promise
+        if self.gain <= floor:  # a drafting step does a plain step's work and more: without gain it cannot pay
+            want = False
+        elif drafting is None or plain is None:
             want = drafting is None
         else:  # tokens a second: n (1 + gain) / drafting against n / plain
-            want = (1 + self.gain) * plain > (1 + (0 if self.on else self.margin)) * drafting
+            want = (1 + self.gain) * plain > (1 + floor) * max(drafting, plain)
         self.on = want
         if want:
             self.shadows.clear()
@@ -219,6 +223,7 @@ class Speculator:
         "The counters, for EngineStats."
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
+
 
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
 def can_speculate(s: Sequence) -> bool:
