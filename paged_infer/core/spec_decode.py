@@ -189,7 +189,10 @@ class Speculator:
     def propose(self, seqs: list) -> list:
         "Draft tokens for each of `seqs` (at most `num_speculative_tokens`), looked up in its prompt and output."
         c, arrays = self.config, [self.tokens(s, s.num_tokens - s.num_pending_tokens) for s in seqs]
-        return ngram_propose_many(arrays, c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min)
+        args = (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min)
+        if len(arrays) < 4:  # (the combined pass's fixed cost is more than a few separate lookups)
+            return [ngram_propose(a, *args) for a in arrays]
+        return ngram_propose_many(arrays, *args)
 
     def tokens(self, s: Sequence, n: int) -> np.ndarray:
         """The first `n` tokens of `s` as an array, kept from one lookup to the next: a sequence's tokens only grow, so
@@ -223,6 +226,7 @@ class Speculator:
         "The counters, for EngineStats."
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
+
 
 
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
