@@ -114,7 +114,7 @@ class Speculator:
             self.on = True
             return True  # (a draft model's drafts cannot be made aside for free: it drafts while allowed)
         plain, drafting = self._seconds(n)
-        floor = 0 if self.on else self.margin  # the gain in tokens a second that drafting must promise
+        floor = 0 if self.on else self.margin  # how much more tokens a second drafting must promise
         if self.gain <= floor:  # a drafting step does a plain step's work and more: without gain it cannot pay
             want = False
         elif drafting is None or plain is None:
@@ -226,8 +226,6 @@ class Speculator:
         "The counters, for EngineStats."
         names = ('num_drafts', 'num_draft_tokens', 'num_accepted_tokens', 'num_emitted_tokens')
         return {n: getattr(self, n) for n in names} | {'accepted_per_pos': list(self.accepted_per_pos)}
-
-
 
 # %% ../../nbs/13d_spec_decode.ipynb #102c3f4c
 def can_speculate(s: Sequence) -> bool:
