@@ -227,13 +227,18 @@ def bench(out: Path):
                                  weight_GBps=round(nbytes / us / 1e3, 1), config=cfg))
                 print(f'{name:8s} M={M:4d} {method:18s} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s  {cfg}', flush=True)
         torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / 'gemm.csv', 'w', newline='') as f:
+    write_rows(rows, out / 'gemm.csv', ROWS)
+
+
+def write_rows(rows: list, path: Path, row_counts):
+    "Write the timed cases to a CSV file, and print each method's sum over a decoder layer's products against bf16's."
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     print('\nper decoder layer (qkv + o + gate_up + down), microseconds:')
-    for M in ROWS:
+    for M in row_counts:
         tot = {}
         for r in rows:
             if r['M'] == M:

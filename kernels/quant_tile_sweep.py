@@ -12,7 +12,6 @@ exact), and the zero point and scale touch the (rows, columns) tile once a step 
 Writes quant_tile_sweep.csv and prints each method's sum over a decoder layer's four products at each row count.
 """
 import argparse
-import csv
 import os
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paged_infer.model.quantization import dequantize_int, pack_int32  # noqa: E402
 from paged_infer.ops.quant_gemm import int_gemm  # noqa: E402
-from quant_gemm_bench import SHAPES, time_graph  # noqa: E402
+from quant_gemm_bench import SHAPES, time_graph, write_rows  # noqa: E402
 
 ROWS = (64, 128, 256)
 TILES = [  # the engine's kernel with these tiles (SPLIT_K 1: at 64 rows and up the grid is full enough)
@@ -143,21 +142,7 @@ def bench(out: Path):
                 print(f'{name:8s} M={M:4d} {method:16s} {us:9.2f} us  {cfg}', flush=True)
         cases = int4 = w16 = None  # (freed before the next shape)
         torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / 'quant_tile_sweep.csv', 'w', newline='') as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-    print('\nper decoder layer (qkv + o + gate_up + down), microseconds, and against bf16:')
-    for M in ROWS:
-        tot = {}
-        for r in rows:
-            if r['M'] == M:
-                tot[r['method']] = tot.get(r['method'], 0) + r['us']
-        full = {k: v for k, v in tot.items() if sum(r['M'] == M and r['method'] == k for r in rows) == len(SHAPES)}
-        base = full['bf16']
-        print(f'M={M:4d} ' + '  '.join(f'{k} {v:.1f} ({v / base:.2f}x)' for k, v in full.items()))
-
+    write_rows(rows, out / 'quant_tile_sweep.csv', ROWS)
 
 def main():
     p = argparse.ArgumentParser()
