@@ -109,12 +109,12 @@ def time_graph(make, nbytes: int, reps: int = 20) -> float:
     return sorted(times)[2]
 
 
-def random_int(K, N, bits, group, seed):
+def random_int(K, N, bits, group, seed, device='cuda'):
     gen = torch.Generator().manual_seed(seed)
     u = torch.randint(0, 1 << bits, (K, N), generator=gen, dtype=torch.int32)
     scales = (torch.rand(K // group, N, generator=gen) * 0.002 + 1e-4).to(torch.bfloat16)
     zeros = torch.randint(0, 1 << bits, (K // group, N), generator=gen).to(torch.bfloat16)
-    return pack_int32(u, bits, 0).cuda(), scales.cuda(), zeros.cuda()
+    return pack_int32(u, bits, 0).to(device), scales.to(device), zeros.to(device)
 
 
 def fp8_layer(K, N, act):

@@ -25,9 +25,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paged_infer.model.quantization import dequantize_int, pack_int32  # noqa: E402
+from paged_infer.model.quantization import dequantize_int  # noqa: E402
 from paged_infer.ops.quant_gemm import int_gemm  # noqa: E402
-from quant_gemm_bench import SHAPES, time_graph, write_rows  # noqa: E402
+from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
 ROWS = (64, 128, 256)
 TILES = [  # the engine's kernel with these tiles (SPLIT_K 1: at 64 rows and up the grid is full enough)
@@ -69,15 +69,6 @@ def _int4_zs_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, st
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=keep)
 
 
-def random_int4(K, N, seed, device):
-    "A random int4 weight of group 128 as AWQ/GPTQ hold it: packed (K/8, N) int32, bf16 scales and zero points."
-    gen = torch.Generator(device=device).manual_seed(seed)  # (made where it is used: quick on a GPU)
-    u = torch.randint(0, 16, (K, N), generator=gen, dtype=torch.int32, device=device)
-    scales = (torch.rand(K // 128, N, generator=gen, device=device) * 0.002 + 1e-4).to(torch.bfloat16)
-    zeros = torch.randint(0, 16, (K // 128, N), generator=gen, device=device).to(torch.bfloat16)
-    return pack_int32(u, 4, 0), scales, zeros
-
-
 def int4_zs(x, qweight, scales, zeros, group, c):
     M, K = x.shape
     N = qweight.shape[1]
@@ -104,7 +95,7 @@ def check(shapes, rows, device, dtype) -> list:
     failures = []
     torch.manual_seed(2)
     for name, (K, N) in shapes.items():
-        w = random_int4(K, N, K + N, device)
+        w = random_int(K, N, 4, 128, K + N, device)
         for M in rows:
             x = torch.randn(M, K, device=device, dtype=dtype)
             want = x.float() @ dequantize_int(*w, 4).float()
@@ -126,7 +117,7 @@ def bench(out: Path):
         n4 = K * N // 2 + 4 * K // 128 * N
         copies = max(1, min(32, -(-200_000_000 // n4)))  # as many as `time_graph` replays
         w16 = [torch.randn(N, K, device='cuda', dtype=torch.bfloat16) * 0.02 for _ in range(-(-100_000_000 // (K * N)))]
-        int4 = [random_int4(K, N, i, 'cuda') for i in range(copies)]
+        int4 = [random_int(K, N, 4, 128, i) for i in range(copies)]
         for M in ROWS:
             x = torch.randn(M, K, device='cuda', dtype=torch.bfloat16)
             cases = {'bf16': (lambda i: lambda: x @ w16[i % len(w16)].T, 2 * K * N, '')}
