@@ -103,8 +103,16 @@ def main():
     p.add_argument('--name', default='engine.json', help='the file our rows go to, in --out')
     p.add_argument('--gemv-rows', type=int, help='quant_gemm.GEMV_ROWS for this run (default: as committed)')
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
+    p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
+                   "run, and DEQUANT_ROWS past its largest row count if that is 128 or more")
     a = p.parse_args()
-    settings = dict(GEMV_ROWS=quant_gemm.GEMV_ROWS, FP8_DOT_ROWS=quant_gemm.FP8_DOT_ROWS)
+    if a.int_tiles:
+        quant_gemm.INT_TILES = {int(m): c for m, c in json.loads(Path(a.int_tiles).read_text()).items()}
+        top = max(quant_gemm.INT_TILES, default=0)
+        if top >= quant_gemm.DEQUANT_ROWS:
+            quant_gemm.DEQUANT_ROWS = top + 1
+    settings = dict(GEMV_ROWS=quant_gemm.GEMV_ROWS, FP8_DOT_ROWS=quant_gemm.FP8_DOT_ROWS,
+                    DEQUANT_ROWS=quant_gemm.DEQUANT_ROWS, INT_TILES=quant_gemm.INT_TILES)
     if a.gemv_rows is not None:
         settings['GEMV_ROWS'] = quant_gemm.GEMV_ROWS = a.gemv_rows
     if a.fp8_dot_rows is not None:

@@ -14,6 +14,7 @@ tensor cores can read from registers). SPLIT_K 0 in a tile: K split until the gr
 Writes quant_tile_sweep.csv and prints each method's sum over a decoder layer's four products at each row count.
 """
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -23,12 +24,11 @@ if '--smoke' in sys.argv:
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paged_infer.model.quantization import dequantize_int  # noqa: E402
-from paged_infer.ops.quant_gemm import _split_store, int_gemm, split_buffers  # noqa: E402
+from paged_infer.ops.quant_gemm import fill_split, int_gemm  # noqa: E402
 from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
 ROWS = (16, 64, 128, 256)
@@ -37,7 +37,7 @@ TILES = [  # the engine's kernel with these tiles (SPLIT_K 1: at 64 rows and up 
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
 ]
-ZS_TILES = [  # the zero-and-scale-after variant; SPLIT_K 0: split until the grid has 264 programs
+ZS_TILES = [  # the engine's kernel with UNPACK 'after' (SPLIT_K 0: split until the grid has 264 programs)
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3),
@@ -46,7 +46,7 @@ ZS_TILES = [  # the zero-and-scale-after variant; SPLIT_K 0: split until the gri
     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=4),
 ]
-ZST_TILES = [  # the same with the operands swapped (the weight tile as the dot's first operand: out^T = W^T x^T)
+ZST_TILES = [  # the same with the operands swapped (SWAP: the weight tile as the dot's first operand)
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3),
@@ -55,67 +55,10 @@ ZST_TILES = [  # the same with the operands swapped (the weight tile as the dot'
 ]
 
 
-@triton.jit
-def _int4_zs_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_qk,
-                    stride_sg, stride_om,
-                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, SWAP: tl.constexpr):
-    """x (M, K) @ the int4 weight: the dot on the raw integers, zero point and scale applied to the tile's partial sum.
-    SWAP: the weight tile is the dot's first operand (out^T = W^T x^T), as mixed-precision kernels do for few rows."""
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, BLOCK_K // 8)
-    shifts = tl.arange(0, 8) * 4
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_split = K // SPLIT_K
-    for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        if SWAP:
-            xt = tl.load(x_ptr + rm[None, :] * stride_xm + k[:, None], mask=rm[None, :] < M, other=0.0)  # (BK, BM)
-            q = tl.load(qw_ptr + (k0 // 8 + rw)[None, :] * stride_qk + rn[:, None], mask=rn[:, None] < N, other=0)
-            u = tl.reshape((q[:, :, None] >> shifts[None, None, :]) & 15, (BLOCK_N, BLOCK_K))
-            xu = tl.dot(u.to(xt.dtype), xt)  # (BN, BM); small integers: exact in half precision
-            xsum = tl.sum(xt.to(tl.float32), axis=0)
-            acc += (xu - z[:, None] * xsum[None, :]) * s[:, None]
-        else:
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)
-            q = tl.load(qw_ptr + (k0 // 8 + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0)
-            u = tl.reshape((q[:, None, :] >> shifts[None, :, None]) & 15, (BLOCK_K, BLOCK_N))
-            xu = tl.dot(x, u.to(x.dtype))
-            xsum = tl.sum(x.to(tl.float32), axis=1)
-            acc += (xu - xsum[:, None] * z[None, :]) * s[None, :]
-    if SWAP:
-        acc = tl.trans(acc)
-    keep = (rm[:, None] < M) & (rn[None, :] < N)
-    tile = pid_m * tl.num_programs(1) + pid_n
-    _split_store(out_ptr, part_ptr, lock_ptr, acc, rm[:, None] * stride_om + rn[None, :], rm[:, None] * N + rn[None, :],
-                 keep, tile, pid_k, M * N, SPLIT_K)
-
-
-def int4_zs(x, qweight, scales, zeros, group, c, swap=False):
-    M, K = x.shape
-    N = qweight.shape[1]
-    c = dict(c)
-    tiles = triton.cdiv(M, c['BLOCK_M']) * triton.cdiv(N, c['BLOCK_N'])
-    if c['SPLIT_K'] == 0:
-        split = 1
-        while tiles * split < 264 and K % (c['BLOCK_K'] * split * 2) == 0 and K // (split * 2) >= 512:
-            split *= 2
-        c['SPLIT_K'] = split
-    assert group % c['BLOCK_K'] == 0 and K % (c['BLOCK_K'] * c['SPLIT_K']) == 0
-    out = x.new_empty(M, N)
-    grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
-    part, locks = split_buffers(M, N, tiles, c['SPLIT_K'], x.device)
-    _int4_zs_kernel[grid](x, qweight, scales, zeros, out, part, locks, M, N, K, x.stride(0), qweight.stride(0),
-                          scales.stride(0), out.stride(0), GROUP=group, SWAP=swap, **c)
-    return out
+def filled(c: dict, M: int, N: int, K: int) -> dict:
+    "A tile config with its SPLIT_K 0 replaced by the engine's rule (`fill_split`)."
+    split = c['SPLIT_K'] or fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
+    return dict(c, SPLIT_K=split)
 
 
 def methods(x, w):
@@ -123,10 +66,14 @@ def methods(x, w):
     m = {'int4 (engine)': (lambda: int_gemm(x, *w, 4, 128), 'engine')}
     for j, c in enumerate(TILES):
         m[f'int4 tile{j}'] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
+    M, K = x.shape
+    N = w[0].shape[1]
     for j, c in enumerate(ZS_TILES):
-        m[f'int4 zs{j}'] = (lambda c=c: int4_zs(x, *w, 128, c), c)
+        c = filled(dict(c, UNPACK='after'), M, N, K)
+        m[f'int4 zs{j}'] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
     for j, c in enumerate(ZST_TILES):
-        m[f'int4 zsT{j}'] = (lambda c=c: int4_zs(x, *w, 128, c, swap=True), c)
+        c = filled(dict(c, UNPACK='after', SWAP=True), M, N, K)
+        m[f'int4 zsT{j}'] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
     return m
 
 
@@ -174,6 +121,36 @@ def bench(out: Path):
         cases = int4 = w16 = None  # (freed before the next shape)
         torch.cuda.empty_cache()
     write_rows(rows, out / 'quant_tile_sweep.csv', ROWS)
+    best = best_tiles(rows)
+    (out / 'int_tiles.json').write_text(json.dumps(best, indent=1))
+    print('the fastest kernel config at each row count (int_tiles.json):', json.dumps(best), flush=True)
+
+
+def template(method: str):
+    "The tile config (SPLIT_K 0 where the engine's rule splits) that a method of `methods` ran; None: the engine's way."
+    if method.startswith('int4 tile'):
+        return TILES[int(method[9:])]
+    if method.startswith('int4 zsT'):
+        return dict(ZST_TILES[int(method[8:])], UNPACK='after', SWAP=True)
+    if method.startswith('int4 zs'):
+        return dict(ZS_TILES[int(method[7:])], UNPACK='after')
+    return None
+
+
+def best_tiles(rows) -> dict:
+    "Row count -> the config whose four products of a decoder layer took least time (if not the engine's own way)."
+    best = {}
+    for M in ROWS:
+        tot = {}
+        for r in rows:
+            if r['M'] == M and r['method'].startswith('int4'):
+                tot.setdefault(r['method'], []).append(r['us'])
+        tot = {k: sum(v) for k, v in tot.items() if len(v) == len(SHAPES)}
+        fastest = min(tot, key=tot.get)
+        if template(fastest) is not None:
+            best[str(M)] = template(fastest)
+    return best
+
 
 def main():
     p = argparse.ArgumentParser()

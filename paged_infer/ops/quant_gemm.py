@@ -45,7 +45,11 @@ def _split_store(out_ptr, part_ptr, lock_ptr, y, out_offs, part_offs, keep, tile
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_qk,
                      stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits',
+                     SWAP: tl.constexpr = False):
+    """UNPACK 'bits' or 'cast': the weight tile unpacked, zero and scale applied, then the dot. 'after': the dot on the
+    raw integers, the zero and the scale applied to its (rows, columns) result. SWAP ('after' only): the weight tile
+    is the dot's first operand, out^T = W^T x^T."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -53,20 +57,35 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, BLOCK_K // PER)  # the int32 words of a slice
     shifts = tl.arange(0, PER) * BITS  # where each of a word's values sits
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_split = K // SPLIT_K
     for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)  # (BM, BK)
-        q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0)
-        u = (q[:, None, :] >> shifts[None, :, None]) & MASK  # (BK / PER, PER, BN): each word loaded once
-        u = tl.reshape(u, (BLOCK_K, BLOCK_N))  # row PER * w + i is value i of word w: input feature k0 + that
         g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0)
-        z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0)
-        uf = u.to(tl.float32) if UNPACK == 'cast' else _as_float(u)
-        w = (uf - z[None, :].to(tl.float32)) * s[None, :].to(tl.float32)
-        acc += tl.dot(x, w.to(x.dtype))
+        s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
+        if SWAP:
+            xt = tl.load(x_ptr + rm[None, :] * stride_xm + k[:, None], mask=rm[None, :] < M, other=0.0)  # (BK, BM)
+            q = tl.load(qw_ptr + (k0 // PER + rw)[None, :] * stride_qk + rn[:, None], mask=rn[:, None] < N, other=0)
+            u = tl.reshape((q[:, :, None] >> shifts[None, None, :]) & MASK, (BLOCK_N, BLOCK_K))
+            xu = tl.dot(u.to(xt.dtype), xt)  # (BN, BM)
+            acc += (xu - z[:, None] * tl.sum(xt.to(tl.float32), axis=0)[None, :]) * s[:, None]
+        else:
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)  # (BM, BK)
+            q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0)
+            u = (q[:, None, :] >> shifts[None, :, None]) & MASK  # (BK / PER, PER, BN): each word loaded once
+            u = tl.reshape(u, (BLOCK_K, BLOCK_N))  # row PER * w + i is value i of word w: input feature k0 + that
+            if UNPACK == 'after':  # x (u - z) s = s (x u - z sum x): integers below 256 are exact in half precision
+                xu = tl.dot(x, u.to(x.dtype))
+                acc += (xu - tl.sum(x.to(tl.float32), axis=1)[:, None] * z[None, :]) * s[None, :]
+            else:
+                uf = u.to(tl.float32) if UNPACK == 'cast' else _as_float(u)
+                acc += tl.dot(x, ((uf - z[None, :]) * s[None, :]).to(x.dtype))
+    if SWAP:
+        acc = tl.trans(acc)
     keep = (rm[:, None] < M) & (rn[None, :] < N)
     tile = pid_m * tl.num_programs(1) + pid_n
     _split_store(out_ptr, part_ptr, lock_ptr, acc, rm[:, None] * stride_om + rn[None, :], rm[:, None] * N + rn[None, :],
@@ -140,20 +159,36 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N
                  tl.num_programs(0) * N, SPLIT_K)
 
 
+# %% ../../nbs/15g_quant_gemm.ipynb #3d5c4e3f
+INT_TILES = {}  # most rows -> the tile config measured best up to that many (see the end); beyond them, the rule
+
+
+def fill_split(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int, programs: int = 264) -> int:
+    "How many ways to split K so that the grid has `programs` programs (two an SM), each with 512 features or more."
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    split = 1
+    while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 512:
+        split *= 2
+    return split
+
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
 GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`); see below
 
 
 def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
-    "Tile sizes and K split for an (M, K) x (K, N) product of few rows: split K so that the grid fills the GPU."
+    """Tile sizes and K split for an (M, K) x (K, N) product of few rows: split K so that the grid fills the GPU.
+    From `INT_TILES` where a bucket holds M (its SPLIT_K 0: split by the same rule)."""
+    for rows in sorted(INT_TILES):
+        if M <= rows and group % INT_TILES[rows]['BLOCK_K'] == 0:
+            c = dict(INT_TILES[rows])
+            if c['SPLIT_K'] == 0:
+                c['SPLIT_K'] = fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
+            return c
     block_k = min(group, 128)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     block_n = 64 if M <= 32 else 128
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    split = 1
-    while tiles * split < 264 and K % (block_k * split * 2) == 0 and K // (split * 2) >= 512:
-        split *= 2  # two programs a multiprocessor at least (132 on an H200)
+    split = fill_split(M, N, K, block_m, block_n, block_k)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
 
 
