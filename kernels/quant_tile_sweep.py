@@ -32,27 +32,23 @@ from paged_infer.ops.quant_gemm import fill_split, int_gemm  # noqa: E402
 from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
 ROWS = (16, 64, 128, 256)
-TILES = [  # the engine's kernel with these tiles (SPLIT_K 1: at 64 rows and up the grid is full enough)
-    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
-]
-ZS_TILES = [  # the engine's kernel with UNPACK 'after' (SPLIT_K 0: split until the grid has 264 programs)
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=4),
-]
-ZST_TILES = [  # the same with the operands swapped (SWAP: the weight tile as the dot's first operand)
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4),
-    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=4),
-]
+T16 = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4)  # SPLIT_K 0: split to fill
+T64 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3)
+T128 = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3)
+AFTER = dict(UNPACK='after')  # the dot on the raw integers; OFF (set by int_gemm): unpacked under a half's exponent
+VARIANTS = {  # name -> a config of the engine's tile kernel (beside the engine's own choice, 'int4 (engine)')
+    'int4 after-cvt T16 swap': dict(T16, **AFTER, SWAP=True, OFF=0),  # integers converted: the best of an earlier run
+    'int4 after T16': dict(T16, **AFTER),
+    'int4 after T16n128': dict(T16, BLOCK_N=128, **AFTER),
+    'int4 after T64': dict(T64, **AFTER),
+    'int4 after T128': dict(T128, **AFTER),
+    'int4 after T128k128': dict(T128, BLOCK_K=128, **AFTER),
+    'int4 after T128n256': dict(T128, BLOCK_N=256, **AFTER),
+    'int4 after T64n256': dict(T128, BLOCK_M=64, BLOCK_N=256, num_stages=4, **AFTER),
+    'int4 after T16 swap': dict(T16, **AFTER, SWAP=True),
+    'int4 after T64 swap': dict(T64, **AFTER, SWAP=True),
+    'int4 after T128 swap': dict(T128, **AFTER, SWAP=True),
+}
 
 
 def filled(c: dict, M: int, N: int, K: int) -> dict:
@@ -63,17 +59,12 @@ def filled(c: dict, M: int, N: int, K: int) -> dict:
 
 def methods(x, w):
     "name -> (call, config) for one input and one weight (qweight, scales, zeros)."
-    m = {'int4 (engine)': (lambda: int_gemm(x, *w, 4, 128), 'engine')}
-    for j, c in enumerate(TILES):
-        m[f'int4 tile{j}'] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
     M, K = x.shape
     N = w[0].shape[1]
-    for j, c in enumerate(ZS_TILES):
-        c = filled(dict(c, UNPACK='after'), M, N, K)
-        m[f'int4 zs{j}'] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
-    for j, c in enumerate(ZST_TILES):
-        c = filled(dict(c, UNPACK='after', SWAP=True), M, N, K)
-        m[f'int4 zsT{j}'] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
+    m = {'int4 (engine)': (lambda: int_gemm(x, *w, 4, 128), 'engine')}
+    for name, c in VARIANTS.items():
+        c = filled(c, M, N, K)
+        m[name] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
     return m
 
 
@@ -126,17 +117,6 @@ def bench(out: Path):
     print('the fastest kernel config at each row count (int_tiles.json):', json.dumps(best), flush=True)
 
 
-def template(method: str):
-    "The tile config (SPLIT_K 0 where the engine's rule splits) that a method of `methods` ran; None: the engine's way."
-    if method.startswith('int4 tile'):
-        return TILES[int(method[9:])]
-    if method.startswith('int4 zsT'):
-        return dict(ZST_TILES[int(method[8:])], UNPACK='after', SWAP=True)
-    if method.startswith('int4 zs'):
-        return dict(ZS_TILES[int(method[7:])], UNPACK='after')
-    return None
-
-
 def best_tiles(rows) -> dict:
     "Row count -> the config whose four products of a decoder layer took least time (if not the engine's own way)."
     best = {}
@@ -147,8 +127,8 @@ def best_tiles(rows) -> dict:
                 tot.setdefault(r['method'], []).append(r['us'])
         tot = {k: sum(v) for k, v in tot.items() if len(v) == len(SHAPES)}
         fastest = min(tot, key=tot.get)
-        if template(fastest) is not None:
-            best[str(M)] = template(fastest)
+        if fastest in VARIANTS:
+            best[str(M)] = VARIANTS[fastest]
     return best
 
 

@@ -40,7 +40,9 @@ def with_lm_head_quantized(folder: Path) -> Path:
         if f.is_file() and f.name != 'config.json':
             shutil.copy(f, dst / f.name)
     hf = json.loads((folder / 'config.json').read_text())
-    hf['quantization_config'] = dict(PEER_QUANT_CONFIGS['gptq'], lm_head=True)
+    gptq = PEER_QUANT_CONFIGS['gptq']
+    layers = gptq['modules_in_block_to_quantize'] + [['lm_head']]  # (vLLM checks the output layer against it too)
+    hf['quantization_config'] = dict(gptq, lm_head=True, modules_in_block_to_quantize=layers)
     (dst / 'config.json').write_text(json.dumps(hf, indent=1))
     return dst
 

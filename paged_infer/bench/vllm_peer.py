@@ -57,8 +57,12 @@ def peer_env(pythonpath: str | None = None) -> dict:
 # %% ../../nbs/17e_vllm_peer.ipynb #323bc9db
 PEER_QUANT_CONFIGS = {  # vLLM's reading of `DEFAULT_SCHEMES` (chapter 8b): random weights in the same layout
     'awq': dict(quant_method='awq', bits=4, group_size=128, zero_point=True, version='gemm'),
-    'gptq': dict(quant_method='gptq', bits=4, group_size=128, desc_act=False, sym=True),
-}
+    'gptq': dict(quant_method='gptq', bits=4, group_size=128, desc_act=False, sym=True,
+                 modules_in_block_to_quantize=[['self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj'],
+                                               ['self_attn.o_proj'], ['mlp.gate_proj', 'mlp.up_proj'],
+                                               ['mlp.down_proj']]),
+}  # (GPTQ's list of quantized layers, as transformers writes it: without it and without safetensors to read the
+#    dtypes from, vLLM 0.24 quantizes no layer)
 
 
 def peer_quant_model(model_dir, method: str) -> Path:

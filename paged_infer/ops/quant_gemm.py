@@ -42,14 +42,28 @@ def _split_store(out_ptr, part_ptr, lock_ptr, y, out_offs, part_offs, keep, tile
 
 
 @triton.jit
+def _as_half(u, OFF: tl.constexpr, dtype: tl.constexpr):
+    """Integers `u` in [0, 128) as half-precision floats OFF + u, without a conversion (which Hopper runs at a
+    fraction of the rate of an add): OR-ed under the exponent of 128 (bfloat16, 0x4300) or of 1024 (float16,
+    0x6400), as FasterTransformer and Marlin do. OFF 0: `u` converted."""
+    if OFF == 128:
+        return (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif OFF == 1024:
+        return (u | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        return u.to(dtype)
+
+
+@triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_qk,
                      stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits',
-                     SWAP: tl.constexpr = False):
+                     SWAP: tl.constexpr = False, OFF: tl.constexpr = 0):
     """UNPACK 'bits' or 'cast': the weight tile unpacked, zero and scale applied, then the dot. 'after': the dot on the
-    raw integers, the zero and the scale applied to its (rows, columns) result. SWAP ('after' only): the weight tile
-    is the dot's first operand, out^T = W^T x^T."""
+    raw integers, the zero and the scale applied to its (rows, columns) result (OFF > 0: the integers as
+    half-precision floats OFF + u, see `_as_half`). SWAP ('after' only): the weight tile is the dot's first operand,
+    out^T = W^T x^T."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -71,16 +85,16 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M
             xt = tl.load(x_ptr + rm[None, :] * stride_xm + k[:, None], mask=rm[None, :] < M, other=0.0)  # (BK, BM)
             q = tl.load(qw_ptr + (k0 // PER + rw)[None, :] * stride_qk + rn[:, None], mask=rn[:, None] < N, other=0)
             u = tl.reshape((q[:, :, None] >> shifts[None, None, :]) & MASK, (BLOCK_N, BLOCK_K))
-            xu = tl.dot(u.to(xt.dtype), xt)  # (BN, BM)
-            acc += (xu - z[:, None] * tl.sum(xt.to(tl.float32), axis=0)[None, :]) * s[:, None]
+            xu = tl.dot(_as_half(u, OFF, xt.dtype), xt)  # (BN, BM)
+            acc += (xu - (z[:, None] + OFF) * tl.sum(xt.to(tl.float32), axis=0)[None, :]) * s[:, None]
         else:
             x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)  # (BM, BK)
             q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0)
             u = (q[:, None, :] >> shifts[None, :, None]) & MASK  # (BK / PER, PER, BN): each word loaded once
             u = tl.reshape(u, (BLOCK_K, BLOCK_N))  # row PER * w + i is value i of word w: input feature k0 + that
             if UNPACK == 'after':  # x (u - z) s = s (x u - z sum x): integers below 256 are exact in half precision
-                xu = tl.dot(x, u.to(x.dtype))
-                acc += (xu - tl.sum(x.to(tl.float32), axis=1)[:, None] * z[None, :]) * s[None, :]
+                xu = tl.dot(x, _as_half(u, OFF, x.dtype))
+                acc += (xu - tl.sum(x.to(tl.float32), axis=1)[:, None] * (z[None, :] + OFF)) * s[None, :]
             else:
                 uf = u.to(tl.float32) if UNPACK == 'cast' else _as_float(u)
                 acc += tl.dot(x, ((uf - z[None, :]) * s[None, :]).to(x.dtype))
@@ -159,7 +173,7 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N
                  tl.num_programs(0) * N, SPLIT_K)
 
 
-# %% ../../nbs/15g_quant_gemm.ipynb #3d5c4e3f
+# %% ../../nbs/15g_quant_gemm.ipynb #84059711
 INT_TILES = {}  # most rows -> the tile config measured best up to that many (see the end); beyond them, the rule
 
 
@@ -230,6 +244,8 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     c = dict(config)
     assert group % c['BLOCK_K'] == 0 and K % (c['BLOCK_K'] * c['SPLIT_K']) == 0
     gemv = 'BLOCK_M' not in c
+    if c.get('UNPACK') == 'after' and 'OFF' not in c and bits < 8:  # see `_as_half`
+        c['OFF'] = {torch.bfloat16: 128, torch.float16: 1024}.get(x.dtype, 0)
     grid = (M if gemv else triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
     out = x.new_empty(M, N)
     part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x.device)
