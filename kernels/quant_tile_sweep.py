@@ -28,7 +28,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paged_infer.model.quantization import dequantize_int  # noqa: E402
-from paged_infer.ops.quant_gemm import fill_split, int_gemm  # noqa: E402
+from paged_infer.ops.quant_gemm import dequantize_triton, fill_split, int_gemm  # noqa: E402
 from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
 ROWS = (16, 64, 128, 256)
@@ -57,11 +57,25 @@ def filled(c: dict, M: int, N: int, K: int) -> dict:
     return dict(c, SPLIT_K=split)
 
 
+def dequant_in_chunks(x, qweight, scales, zeros, chunk_bytes: int):
+    """The engine's way for many rows (unpack to bfloat16, then cuBLAS), a block of output columns at a time, each
+    block's float weight small enough (`chunk_bytes`) to be read back from L2 rather than from memory."""
+    K, N = x.shape[1], qweight.shape[1]
+    cols = max(128, chunk_bytes // (2 * K) // 128 * 128)
+    parts = []
+    for n0 in range(0, N, cols):
+        n = slice(n0, min(N, n0 + cols))
+        parts.append(x @ dequantize_triton(qweight[:, n], scales[:, n], zeros[:, n], 4, 128, x.dtype))
+    return torch.cat(parts, dim=1)
+
+
 def methods(x, w):
     "name -> (call, config) for one input and one weight (qweight, scales, zeros)."
     M, K = x.shape
     N = w[0].shape[1]
     m = {'int4 (engine)': (lambda: int_gemm(x, *w, 4, 128), 'engine')}
+    for mb in (8, 24):
+        m[f'int4 dequant-L2 {mb}MB'] = (lambda mb=mb: dequant_in_chunks(x, *w, mb << 20), f'chunks of {mb} MB')
     for name, c in VARIANTS.items():
         c = filled(c, M, N, K)
         m[name] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
