@@ -42,12 +42,9 @@ VARIANTS = {  # name -> a config of the engine's tile kernel (beside the engine'
     'int4 after T16n128': dict(T16, BLOCK_N=128, **AFTER),
     'int4 after T64': dict(T64, **AFTER),
     'int4 after T128': dict(T128, **AFTER),
-    'int4 after T128k128': dict(T128, BLOCK_K=128, **AFTER),
-    'int4 after T128n256': dict(T128, BLOCK_N=256, **AFTER),
     'int4 after T64n256': dict(T128, BLOCK_M=64, BLOCK_N=256, num_stages=4, **AFTER),
     'int4 after T16 swap': dict(T16, **AFTER, SWAP=True),
     'int4 after T64 swap': dict(T64, **AFTER, SWAP=True),
-    'int4 after T128 swap': dict(T128, **AFTER, SWAP=True),
 }
 
 
