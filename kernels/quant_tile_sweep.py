@@ -1,17 +1,20 @@
 """Int4 products of 16 to 256 rows on the GPU: the engine's way (chapter 15g: its tile kernel below 128 rows, the whole
-weight unpacked for cuBLAS from 128 up) against tile sizes of the same kernel, and against a variant that takes the
-zero point and the scale out of the inner loop. Checked against chapter 8b's reference on fresh random inputs, then
-timed as `quant_gemm_bench.py` times (CUDA-graph replays over weight copies that miss L2) beside the bf16 GEMM.
+weight unpacked for cuBLAS from 128 up) against the same a block of output columns at a time (`dequant_in_chunks`),
+and against configs of the tile kernel with UNPACK 'after'. Checked against chapter 8b's reference on fresh random
+inputs, then timed as `quant_gemm_bench.py` times (CUDA-graph replays over weight copies that miss L2) beside the
+bf16 GEMM.
 
     python kernels/quant_tile_sweep.py [--out DIR]     # GPU
     python kernels/quant_tile_sweep.py --smoke          # CPU, Triton's interpreter, small shapes, checks only
 
-The variant ("zs"): with a group of 128 along K and one tile of K inside a group, w = (u - z) s, so
-x w = s (x u) - s z (the row sums of x over the tile): the dot reads u converted to half precision (small integers,
-exact), and the zero point and scale touch the (rows, columns) tile once a step instead of every weight.
-"zsT" swaps the operands (out^T = W^T x^T: the unpacked weight tile is the dot's first operand, which Hopper's
-tensor cores can read from registers). SPLIT_K 0 in a tile: K split until the grid has 264 programs.
-Writes quant_tile_sweep.csv and prints each method's sum over a decoder layer's four products at each row count.
+UNPACK 'after': with a group of 128 along K and one tile of K inside a group, w = (u - z) s, so x w = s (x u) - s z
+(the row sums of x over the tile): the dot reads the integers u in half precision (unpacked under a half's exponent,
+`_as_half`, unless the config says OFF=0: converted), and the zero point and scale touch the (rows, columns) tile
+once a step instead of every weight. SWAP: the operands swapped (out^T = W^T x^T: the unpacked weight tile is the
+dot's first operand, which Hopper's tensor cores can read from registers). SPLIT_K 0 in a config: K split until the
+grid has 264 programs. Writes quant_tile_sweep.csv, prints each method's sum over a decoder layer's four products at
+each row count, and writes int_tiles.json: the fastest tile config at each row count where one beats the engine's
+way (for `quant_engine_bench.py --int-tiles`).
 """
 import argparse
 import json
