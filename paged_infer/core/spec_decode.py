@@ -433,9 +433,11 @@ def _finish_drafts(self: SpeculativeDecoding, f, drafts: dict) -> list:
         elif not s.is_finished:
             self._accept(s, draft, samples, i)
             verified.add(self.groups[s.request_id])
-    at = samples.token_ids.new_tensor(rest)
-    parts = (samples.token_ids, samples.logprobs, samples.top_ids, samples.top_logprobs)
-    plain = SamplerOutput(*(t[at] for t in parts))
+    plain = samples  # (no undrafted rows, as at batch 1: nothing reads it)
+    if rest:
+        at = samples.token_ids.new_tensor(rest)
+        parts = (samples.token_ids, samples.logprobs, samples.top_ids, samples.top_logprobs)
+        plain = SamplerOutput(*(t[at] for t in parts))
     outputs = self._postprocess(f.out, [f.sampled[j] for j in rest], plain, verified)
     if n := f.prompt_tokens + self.num_generation_tokens - before:
         self.tokens_per_step[n] = self.tokens_per_step.get(n, 0) + 1
