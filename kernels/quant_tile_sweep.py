@@ -31,7 +31,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paged_infer.model.quantization import dequantize_int  # noqa: E402
-from paged_infer.ops.quant_gemm import dequantize_triton, fill_split, int_gemm  # noqa: E402
+from paged_infer.ops.quant_gemm import dequantize_triton, int_gemm  # noqa: E402
 from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
 ROWS = (16, 64, 128, 256)
@@ -51,12 +51,6 @@ VARIANTS = {  # name -> a config of the engine's tile kernel (beside the engine'
 }
 
 
-def filled(c: dict, M: int, N: int, K: int) -> dict:
-    "A tile config with its SPLIT_K 0 replaced by the engine's rule (`fill_split`)."
-    split = c['SPLIT_K'] or fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
-    return dict(c, SPLIT_K=split)
-
-
 def dequant_in_chunks(x, qweight, scales, zeros, chunk_bytes: int):
     """The engine's way for many rows (unpack to bfloat16, then cuBLAS), a block of output columns at a time, each
     block's float weight small enough (`chunk_bytes`) to be read back from L2 rather than from memory."""
@@ -71,13 +65,10 @@ def dequant_in_chunks(x, qweight, scales, zeros, chunk_bytes: int):
 
 def methods(x, w):
     "name -> (call, config) for one input and one weight (qweight, scales, zeros)."
-    M, K = x.shape
-    N = w[0].shape[1]
     m = {'int4 (engine)': (lambda: int_gemm(x, *w, 4, 128), 'engine')}
     for mb in (8, 24):
         m[f'int4 dequant-L2 {mb}MB'] = (lambda mb=mb: dequant_in_chunks(x, *w, mb << 20), f'chunks of {mb} MB')
-    for name, c in VARIANTS.items():
-        c = filled(c, M, N, K)
+    for name, c in VARIANTS.items():  # (a SPLIT_K of 0: int_gemm splits K by the engine's rule)
         m[name] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
     return m
 

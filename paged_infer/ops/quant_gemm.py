@@ -192,13 +192,10 @@ GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`
 
 def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
     """Tile sizes and K split for an (M, K) x (K, N) product of few rows: split K so that the grid fills the GPU.
-    From `INT_TILES` where a bucket holds M (its SPLIT_K 0: split by the same rule)."""
+    From `INT_TILES` where a bucket holds M (a SPLIT_K of 0 there: `int_gemm` splits by the same rule)."""
     for rows in sorted(INT_TILES):
         if M <= rows and group % INT_TILES[rows]['BLOCK_K'] == 0:
-            c = dict(INT_TILES[rows])
-            if c['SPLIT_K'] == 0:
-                c['SPLIT_K'] = fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
-            return c
+            return INT_TILES[rows]
     block_k = min(group, 128)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     block_n = 64 if M <= 32 else 128
@@ -242,6 +239,8 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     if config is None:
         config = int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
     c = dict(config)
+    if c['SPLIT_K'] == 0:  # a tile config that leaves the split to the rule
+        c['SPLIT_K'] = fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
     assert group % c['BLOCK_K'] == 0 and K % (c['BLOCK_K'] * c['SPLIT_K']) == 0
     gemv = 'BLOCK_M' not in c
     if c.get('UNPACK') == 'after' and 'OFF' not in c and bits < 8:  # see `_as_half`
