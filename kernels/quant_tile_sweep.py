@@ -1,8 +1,8 @@
-"""Int4 products of 16 to 256 rows on the GPU: the engine's way (chapter 15g: its tile kernel below 128 rows, the whole
-weight unpacked for cuBLAS from 128 up) against the same a block of output columns at a time (`dequant_in_chunks`),
-and against configs of the tile kernel with UNPACK 'after'. Checked against chapter 8b's reference on fresh random
-inputs, then timed as `quant_gemm_bench.py` times (CUDA-graph replays over weight copies that miss L2) beside the
-bf16 GEMM.
+"""Int4 products of 1 to 256 rows on the GPU: the engine's way (chapter 15g: its row kernel at one row, its tile kernel
+below 128 rows, the whole weight unpacked for cuBLAS from 128 up) against the same a block of output columns at a
+time (`dequant_in_chunks`, from 64 rows), and against configs of the tile kernel with UNPACK 'after' and 'planes'.
+Checked against chapter 8b's reference on fresh random inputs, then timed as `quant_gemm_bench.py` times (CUDA-graph
+replays over weight copies that miss L2) beside the bf16 GEMM.
 
     python kernels/quant_tile_sweep.py [--out DIR]     # GPU
     python kernels/quant_tile_sweep.py --smoke          # CPU, Triton's interpreter, small shapes, checks only
@@ -10,11 +10,13 @@ bf16 GEMM.
 UNPACK 'after': with a group of 128 along K and one tile of K inside a group, w = (u - z) s, so x w = s (x u) - s z
 (the row sums of x over the tile): the dot reads the integers u in half precision (unpacked under a half's exponent,
 `_as_half`, unless the config says OFF=0: converted), and the zero point and scale touch the (rows, columns) tile
-once a step instead of every weight. SWAP: the operands swapped (out^T = W^T x^T: the unpacked weight tile is the
-dot's first operand, which Hopper's tensor cores can read from registers). SPLIT_K 0 in a config: K split until the
-grid has 264 programs. Writes quant_tile_sweep.csv, prints each method's sum over a decoder layer's four products at
-each row count, and writes int_tiles.json: the fastest tile config at each row count where one beats the engine's
-way (for `quant_engine_bench.py --int-tiles`).
+once a step instead of every weight. UNPACK 'planes': the same, with one dot for each value position of the int32
+words, so that no reshape stands between the unpacked values and the dot; ASM: the values made two an instruction
+by `_int4_halves` (PTX: not in the smoke run, which the interpreter runs). SWAP: the operands swapped (out^T = W^T
+x^T: the unpacked weight tile is the dot's first operand, which Hopper's tensor cores can read from registers).
+SPLIT_K 0 in a config: K split until the grid has 264 programs. Writes quant_tile_sweep.csv, prints each method's
+sum over a decoder layer's four products at each row count, and writes int_tiles.json: the fastest tile config at
+each row count where one beats the engine's way (for `quant_engine_bench.py --int-tiles`).
 """
 import argparse
 import json
@@ -34,21 +36,24 @@ from paged_infer.model.quantization import dequantize_int  # noqa: E402
 from paged_infer.ops.quant_gemm import dequantize_triton, int_gemm  # noqa: E402
 from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
-ROWS = (16, 64, 128, 256)
+ROWS = (1, 16, 64, 128, 256)
 T16 = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=4)  # SPLIT_K 0: split to fill
 T64 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=0, num_warps=4, num_stages=3)
-T128 = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3)
 AFTER = dict(UNPACK='after')  # the dot on the raw integers; OFF (set by int_gemm): unpacked under a half's exponent
+PLANES = dict(UNPACK='planes')  # one dot a value position of the words; ASM: two values an instruction (PTX)
 VARIANTS = {  # name -> a config of the engine's tile kernel (beside the engine's own choice, 'int4 (engine)')
     'int4 after-cvt T16 swap': dict(T16, **AFTER, SWAP=True, OFF=0),  # integers converted: the best of an earlier run
-    'int4 after T16': dict(T16, **AFTER),
-    'int4 after T16n128': dict(T16, BLOCK_N=128, **AFTER),
-    'int4 after T64': dict(T64, **AFTER),
-    'int4 after T128': dict(T128, **AFTER),
-    'int4 after T64n256': dict(T128, BLOCK_M=64, BLOCK_N=256, num_stages=4, **AFTER),
     'int4 after T16 swap': dict(T16, **AFTER, SWAP=True),
-    'int4 after T64 swap': dict(T64, **AFTER, SWAP=True),
+    'int4 planes T16': dict(T16, **PLANES),
+    'int4 planes T16 swap': dict(T16, **PLANES, SWAP=True),
+    'int4 planes T16 asm': dict(T16, **PLANES, ASM=True),
+    'int4 planes T16 swap asm': dict(T16, **PLANES, SWAP=True, ASM=True),
+    'int4 planes T16n128 swap asm': dict(T16, BLOCK_N=128, **PLANES, SWAP=True, ASM=True),
+    'int4 planes T16 swap asm 2st': dict(T16, **PLANES, SWAP=True, ASM=True, num_stages=2),
+    'int4 planes T64 asm': dict(T64, **PLANES, ASM=True),
+    'int4 planes T64 swap asm': dict(T64, **PLANES, SWAP=True, ASM=True),
 }
+CHUNK_ROWS = 64  # `dequant_in_chunks` is tried from this many rows up
 
 
 def dequant_in_chunks(x, qweight, scales, zeros, chunk_bytes: int):
@@ -66,7 +71,7 @@ def dequant_in_chunks(x, qweight, scales, zeros, chunk_bytes: int):
 def methods(x, w):
     "name -> (call, config) for one input and one weight (qweight, scales, zeros)."
     m = {'int4 (engine)': (lambda: int_gemm(x, *w, 4, 128), 'engine')}
-    for mb in (8, 24):
+    for mb in (8, 24) if x.shape[0] >= CHUNK_ROWS else ():
         m[f'int4 dequant-L2 {mb}MB'] = (lambda mb=mb: dequant_in_chunks(x, *w, mb << 20), f'chunks of {mb} MB')
     for name, c in VARIANTS.items():  # (a SPLIT_K of 0: int_gemm splits K by the engine's rule)
         m[name] = (lambda c=c: int_gemm(x, *w, 4, 128, c), c)
@@ -83,6 +88,8 @@ def check(shapes, rows, device, dtype) -> list:
             x = torch.randn(M, K, device=device, dtype=dtype)
             want = x.float() @ dequantize_int(*w, 4).float()
             for method, (call, c) in methods(x, w).items():
+                if device == 'cpu' and isinstance(c, dict) and c.get('ASM'):
+                    continue  # PTX: Triton's interpreter cannot run it
                 try:
                     got = call().float()
                 except Exception as e:

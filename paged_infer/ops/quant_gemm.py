@@ -54,16 +54,53 @@ def _as_half(u, OFF: tl.constexpr, dtype: tl.constexpr):
         return u.to(dtype)
 
 
+def _halves_asm(magic: int) -> str:
+    """PTX for `_int4_halves`: two int32 words in ($8, $9), eight registers out, register i holding value i of both
+    words (i < 4: from their low halves, i >= 4: from their high halves) as half-precision floats under `magic`."""
+    lines = []
+    for word, reg in (('$8', 'a'), ('$9', 'b')):
+        for i in range(4):
+            if i:
+                lines.append(f'shr.u32 s, {word}, {4 * i};')
+            lines.append(f'lop3.b32 {reg}{i}, {"s" if i else word}, 0x000F000F, {magic:#010x}, 0xEA;')  # (w & m) | c
+    for i in range(4):
+        lines.append(f'prmt.b32 ${i}, a{i}, b{i}, 0x5410;')  # the low halves of both: value i of each word
+        lines.append(f'prmt.b32 ${i + 4}, a{i}, b{i}, 0x7632;')  # the high halves: value i + 4
+    return '{\n.reg .b32 s, a<4>, b<4>;\n' + '\n'.join(lines) + '\n}'
+
+
+_HALVES_BF16 = tl.constexpr(_halves_asm(0x43004300))
+_HALVES_FP16 = tl.constexpr(_halves_asm(0x64006400))
+
+
+@triton.jit
+def _int4_halves(q, OFF: tl.constexpr):
+    """The eight 4-bit values of every int32 word of `q`, as eight tensors of q's shape in half precision, OFF + u
+    (OFF 128: bfloat16, 1024: float16). One AND-OR (`lop3`) makes two values at once, value i and value i + 4 of a
+    word under the exponent in both halves of a register, and a shift comes before each but the first: four values a
+    word cost one instruction each, where `_as_half` spends a shift, a mask, an OR and a narrowing on every value.
+    A byte permute (`prmt`) pairs value i of two neighbouring words, as two elements of a tensor sit in a register.
+    PTX: a GPU only."""
+    if OFF == 128:
+        return tl.inline_asm_elementwise(_HALVES_BF16, '=r,=r,=r,=r,=r,=r,=r,=r,r,r', [q], dtype=(tl.bfloat16,) * 8,
+                                         is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise(_HALVES_FP16, '=r,=r,=r,=r,=r,=r,=r,=r,r,r', [q], dtype=(tl.float16,) * 8,
+                                         is_pure=True, pack=2)
+
+
 @triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_qk,
                      stride_sg, stride_om,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits',
-                     SWAP: tl.constexpr = False, OFF: tl.constexpr = 0):
+                     SWAP: tl.constexpr = False, OFF: tl.constexpr = 0, ASM: tl.constexpr = False):
     """UNPACK 'bits' or 'cast': the weight tile unpacked, zero and scale applied, then the dot. 'after': the dot on the
     raw integers, the zero and the scale applied to its (rows, columns) result (OFF > 0: the integers as
-    half-precision floats OFF + u, see `_as_half`). SWAP ('after' only): the weight tile is the dot's first operand,
-    out^T = W^T x^T."""
+    half-precision floats OFF + u, see `_as_half`). 'planes': as 'after', with one dot for each value position i of
+    the words (input features k0 + PER * word + i), so that nothing reshapes the unpacked tile before its dot (ASM:
+    the values unpacked by `_int4_halves`, 4 bits and OFF > 0 only). SWAP ('after', 'planes'): the weight tile is
+    the dot's first operand, out^T = W^T x^T."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -81,7 +118,35 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
-        if SWAP:
+        if UNPACK == 'planes':
+            if SWAP:  # (BN, words)
+                q = tl.load(qw_ptr + (k0 // PER + rw)[None, :] * stride_qk + rn[:, None], mask=rn[:, None] < N, other=0)
+                xu = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            else:  # (words, BN)
+                q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0)
+                xu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if ASM:
+                halves = _int4_halves(q, OFF)
+            x_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for i in tl.static_range(PER):
+                kk = k0 + rw * PER + i  # the input features of value i of the words
+                if ASM:
+                    h = halves[i]
+                else:
+                    h = _as_half((q >> (i * BITS)) & MASK, OFF, x_ptr.dtype.element_ty)
+                if SWAP:
+                    xi = tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=rm[None, :] < M, other=0.0)
+                    xu = tl.dot(h, xi, xu)
+                    x_sum += tl.sum(xi.to(tl.float32), axis=0)
+                else:
+                    xi = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=rm[:, None] < M, other=0.0)
+                    xu = tl.dot(xi, h, xu)
+                    x_sum += tl.sum(xi.to(tl.float32), axis=1)
+            if SWAP:
+                acc += (xu - (z[:, None] + OFF) * x_sum[None, :]) * s[:, None]
+            else:
+                acc += (xu - x_sum[:, None] * (z[None, :] + OFF)) * s[None, :]
+        elif SWAP:
             xt = tl.load(x_ptr + rm[None, :] * stride_xm + k[:, None], mask=rm[None, :] < M, other=0.0)  # (BK, BM)
             q = tl.load(qw_ptr + (k0 // PER + rw)[None, :] * stride_qk + rn[:, None], mask=rn[:, None] < N, other=0)
             u = tl.reshape((q[:, :, None] >> shifts[None, None, :]) & MASK, (BLOCK_N, BLOCK_K))
@@ -121,6 +186,7 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qk, stride_sg, stri
     w = (_as_float(u) - z[None, :]) * s[None, :]
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + k[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty), mask=rn[None, :] < N)
+
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #d81d985b
@@ -177,6 +243,14 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N
 INT_TILES = {}  # most rows -> the tile config measured best up to that many (see the end); beyond them, the rule
 
 
+def int_tile(M: int, group: int) -> dict | None:
+    "The `INT_TILES` config for a product of M rows (the smallest bucket that holds M and whose K tile fits a group)."
+    for rows in sorted(INT_TILES):
+        if M <= rows and group % INT_TILES[rows]['BLOCK_K'] == 0:
+            return INT_TILES[rows]
+    return None
+
+
 def fill_split(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int, programs: int = 264) -> int:
     "How many ways to split K so that the grid has `programs` programs (two an SM), each with 512 features or more."
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
@@ -184,6 +258,7 @@ def fill_split(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int,
     while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 512:
         split *= 2
     return split
+
 
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
 DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
@@ -193,9 +268,9 @@ GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`
 def int_gemm_config(M: int, N: int, K: int, group: int) -> dict:
     """Tile sizes and K split for an (M, K) x (K, N) product of few rows: split K so that the grid fills the GPU.
     From `INT_TILES` where a bucket holds M (a SPLIT_K of 0 there: `int_gemm` splits by the same rule)."""
-    for rows in sorted(INT_TILES):
-        if M <= rows and group % INT_TILES[rows]['BLOCK_K'] == 0:
-            return INT_TILES[rows]
+    tile = int_tile(M, group)
+    if tile is not None:
+        return tile
     block_k = min(group, 128)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     block_n = 64 if M <= 32 else 128
@@ -234,17 +309,20 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     N = qweight.shape[1]
     assert x.stride(1) == 1 and qweight.stride(1) == 1 and scales.is_contiguous() and zeros.is_contiguous()
     assert qweight.shape[0] * 32 // bits == K and scales.shape == (K // group, N)
-    if config is None and M >= DEQUANT_ROWS:
+    tile = int_tile(M, group)  # a measured pick for this many rows comes first
+    if config is None and tile is None and M >= DEQUANT_ROWS:
         return x @ dequantize_triton(qweight, scales, zeros, bits, group, x.dtype)
     if config is None:
-        config = int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
+        config = tile or (int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group))
     c = dict(config)
     if c['SPLIT_K'] == 0:  # a tile config that leaves the split to the rule
         c['SPLIT_K'] = fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
     assert group % c['BLOCK_K'] == 0 and K % (c['BLOCK_K'] * c['SPLIT_K']) == 0
     gemv = 'BLOCK_M' not in c
-    if c.get('UNPACK') == 'after' and 'OFF' not in c and bits < 8:  # see `_as_half`
+    if c.get('UNPACK') in ('after', 'planes') and 'OFF' not in c and bits < 8:  # see `_as_half`
         c['OFF'] = {torch.bfloat16: 128, torch.float16: 1024}.get(x.dtype, 0)
+    if c.get('ASM') and (bits != 4 or not c.get('OFF')):  # `_int4_halves` makes 4-bit values in half precision only
+        c['ASM'] = False
     grid = (M if gemv else triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
     out = x.new_empty(M, N)
     part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x.device)
@@ -255,6 +333,7 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     else:
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     return out
+
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #a7c3e915
