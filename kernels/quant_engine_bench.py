@@ -3,7 +3,7 @@ with the same quantization beside it: weight memory, the decode step at batch 1,
 32 output tokens, greedy: `run_latency`), and offline throughput on the sharegpt-like workload.
 
     python kernels/quant_engine_bench.py --tokenizer DIR [--methods bf16,awq,gptq,gptq-lm-head,fp8]
-        [--engines ours,vllm] [--requests 256] [--out DIR]
+        [--engines ours,vllm] [--requests 256] [--out DIR] [--trace DIR]
 
 gptq-lm-head: GPTQ with the output layer quantized too (its config.json says `lm_head: true`, as gptqmodel writes).
 
@@ -46,7 +46,32 @@ def config(folder, method) -> EngineConfig:
                         max_model_len=2048, gpu_memory_utilization=0.85)
 
 
-def ours(folder, method, batch_sizes, workload) -> dict:
+def kernel_table(engine, workload, path: Path) -> dict:
+    """The workload once more under the torch profiler (GPU activity only): each kernel's GPU time over the run,
+    written to `path`, against the run's wall time. Not the measured run: profiling slows the host."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        m, _ = run_engine(engine, workload, progress=False)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, 'self_device_time_total', None) or getattr(e, 'self_cuda_time_total', 0)
+        if us > 0:
+            rows.append((us, e.count, e.key))
+    rows.sort(reverse=True)
+    gpu_s = sum(r[0] for r in rows) / 1e6
+    lines = [f"wall {m['elapsed_s']:.3f} s, GPU kernels {gpu_s:.3f} s ({gpu_s / m['elapsed_s']:.0%} of the wall), "
+             f"{m['output_tokens_per_s']:.0f} out tok/s under the profiler",
+             f"{'GPU ms':>10} {'share':>6} {'calls':>8}  kernel"]
+    for us, n, name in rows[:40]:
+        lines.append(f'{us / 1e3:10.1f} {us / 1e6 / gpu_s:6.1%} {n:8d}  {name[:150]}')
+    path.write_text('\n'.join(lines) + '\n')
+    print(*lines[:12], sep='\n', flush=True)
+    return dict(wall_s=m['elapsed_s'], gpu_kernel_s=round(gpu_s, 3))
+
+
+def ours(folder, method, batch_sizes, workload, trace: Path | None = None) -> dict:
     engine = LLMEngine(config(folder, method))
     wb = weight_bytes(engine.model)
     row = dict(method=method, weight_GB=round(wb / 1e9, 3), steps={})
@@ -60,6 +85,9 @@ def ours(folder, method, batch_sizes, workload) -> dict:
         row['throughput'] = {k: m[k] for k in ('elapsed_s', 'output_tokens_per_s', 'total_tokens_per_s')}
         print(f"ours {method:5s} {len(workload)} sharegpt-like requests: {m['output_tokens_per_s']:.0f} out tok/s",
               flush=True)
+        if trace is not None:
+            trace.mkdir(parents=True, exist_ok=True)
+            row['profiled'] = kernel_table(engine, workload, trace / f'kernels_{method}.txt')
     del engine
     gc.collect()
     torch.cuda.empty_cache()
@@ -102,6 +130,8 @@ def main():
     p.add_argument('--out', default='kernels/results/quant/h200')
     p.add_argument('--name', default='engine.json', help='the file our rows go to, in --out')
     p.add_argument('--gemv-rows', type=int, help='quant_gemm.GEMV_ROWS for this run (default: as committed)')
+    p.add_argument('--trace', help='a folder: after the throughput run, the same run under the torch profiler, '
+                   "each kernel's GPU time written to kernels_<method>.txt there")
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
                    "run, and DEQUANT_ROWS past its largest row count if that is 128 or more")
@@ -130,7 +160,8 @@ def main():
         old = json.loads(path.read_text()) if path.exists() else {}
         rows = old['results'] if old.get('shape') == a.shape else []  # other methods of the same shape are kept
         for method in a.methods.split(','):
-            row = ours(folder, method, batch_sizes, workload) if engine == 'ours' else vllm(
+            trace = Path(a.trace) if a.trace else None
+            row = ours(folder, method, batch_sizes, workload, trace) if engine == 'ours' else vllm(
                 folder, method, batch_sizes, workload, out)
             rows = [r for r in rows if r['method'] != method] + [row]
             path.write_text(json.dumps(dict(device=device, shape=a.shape, prompt=PROMPT, output=OUTPUT,

@@ -309,11 +309,10 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     N = qweight.shape[1]
     assert x.stride(1) == 1 and qweight.stride(1) == 1 and scales.is_contiguous() and zeros.is_contiguous()
     assert qweight.shape[0] * 32 // bits == K and scales.shape == (K // group, N)
-    tile = int_tile(M, group)  # a measured pick for this many rows comes first
-    if config is None and tile is None and M >= DEQUANT_ROWS:
+    if config is None and M >= DEQUANT_ROWS and int_tile(M, group) is None:  # (a measured tile pick comes first)
         return x @ dequantize_triton(qweight, scales, zeros, bits, group, x.dtype)
     if config is None:
-        config = tile or (int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group))
+        config = int_gemv_config(M, N, K, group) if M <= GEMV_ROWS else int_gemm_config(M, N, K, group)
     c = dict(config)
     if c['SPLIT_K'] == 0:  # a tile config that leaves the split to the rule
         c['SPLIT_K'] = fill_split(M, N, K, c['BLOCK_M'], c['BLOCK_N'], c['BLOCK_K'])
