@@ -77,10 +77,10 @@ _HALVES_FP16 = tl.constexpr(_halves_asm(0x64006400))
 def _int4_halves(q, OFF: tl.constexpr):
     """The eight 4-bit values of every int32 word of `q`, as eight tensors of q's shape in half precision, OFF + u
     (OFF 128: bfloat16, 1024: float16). One AND-OR (`lop3`) makes two values at once, value i and value i + 4 of a
-    word under the exponent in both halves of a register, and a shift comes before each but the first: four values a
-    word cost one instruction each, where `_as_half` spends a shift, a mask, an OR and a narrowing on every value.
-    A byte permute (`prmt`) pairs value i of two neighbouring words, as two elements of a tensor sit in a register.
-    PTX: a GPU only."""
+    word under the exponent in both halves of a register, and a shift comes before each but the first; a byte permute
+    (`prmt`) pairs value i of two neighbouring words, as two elements of a tensor sit in a register. Eight values
+    cost nine instructions (four `lop3`, three shifts, four of the pair's eight `prmt`), where `_as_half` spends a
+    shift, a mask, an OR and a narrowing on each. PTX: a GPU only."""
     if OFF == 128:
         return tl.inline_asm_elementwise(_HALVES_BF16, '=r,=r,=r,=r,=r,=r,=r,=r,r,r', [q], dtype=(tl.bfloat16,) * 8,
                                          is_pure=True, pack=2)
@@ -186,8 +186,6 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qk, stride_sg, stri
     w = (_as_float(u) - z[None, :]) * s[None, :]
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + k[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty), mask=rn[None, :] < N)
-
-
 
 # %% ../../nbs/15g_quant_gemm.ipynb #d81d985b
 @triton.jit
