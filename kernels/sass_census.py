@@ -63,7 +63,7 @@ def report(name: str, sass: str, weights: int):
 
 def main():
     print('triton', triton.__version__, 'target sm_90')
-    gemv_ints = ['N', 'K', 'stride_xm', 'stride_qk', 'stride_sg', 'stride_om']
+    gemv_ints = ['N', 'K', 'stride_xm', 'stride_qk', 'stride_sg', 'stride_om', 'magic']
     for unpack in ('bits', 'cast'):
         const = dict(GROUP=128, BITS=4, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, UNPACK=unpack)
         sass = compile_sass(_int_gemv_kernel, gemv_ints, const)

@@ -189,11 +189,14 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qk, stride_sg, stri
 
 # %% ../../nbs/15g_quant_gemm.ipynb #d81d985b
 @triton.jit
-def _value(q, xi, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
+def _value(q, xi, magic, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
     """Value i of each word of `q` as float32, and the inputs `xi` it multiplies. 'cast': shift, mask, convert.
     'bits': the value masked where it lies, at bit p, under the exponent of 2**23 (no shift, no conversion): it comes
     out 2**p times too large, and `xi` is scaled by 2**-p to match (exact: a power of two). Values that would reach
-    bit 23 are taken from the word shifted by 16 (one shift a word, not one a value)."""
+    bit 23 are taken from the word shifted by 16 (one shift a word, not one a value). `magic` holds the exponent's
+    bits, 0x4B000000, as a value the kernel is given, not a constant: then the mask is the one constant of the AND-OR,
+    which the compiler writes into the instruction, where with both constant it loaded the mask into a register
+    before every AND-OR (`kernels/sass_census.py`)."""
     MASK: tl.constexpr = (1 << BITS) - 1
     if UNPACK == 'cast':
         return ((q >> (i * BITS)) & MASK).to(tl.float32), xi
@@ -201,15 +204,16 @@ def _value(q, xi, i: tl.constexpr, BITS: tl.constexpr, UNPACK: tl.constexpr):
         HIGH: tl.constexpr = BITS * (i + 1) > 23
         P: tl.constexpr = BITS * i - 16 if HIGH else BITS * i
         word = q >> 16 if HIGH else q
-        return _as_float(word & (MASK << P)), xi * (1.0 / (1 << P))
+        return ((word & (MASK << P)) | magic).to(tl.float32, bitcast=True) - 8388608.0, xi * (1.0 / (1 << P))
 
 
 @triton.jit
 def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N, K, stride_xm, stride_qk, stride_sg,
-                     stride_om,
+                     stride_om, magic,
                      GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
-    "One row of x a program: products and sums on the CUDA cores, no tensor-core dot padding the row to 16."
+    """One row of x a program: products and sums on the CUDA cores, no tensor-core dot padding the row to 16.
+    `magic`: 0x4B000000 (see `_value`)."""
     m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER
@@ -225,7 +229,7 @@ def _int_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N
         for i in tl.static_range(PER):  # value i of every word: input feature k0 + PER * word + i
             xi = tl.load(x_ptr + m * stride_xm + k0 + rw * PER + i).to(tl.float32)
             x_sum += xi
-            u, xu = _value(q, xi, i, BITS, UNPACK)
+            u, xu = _value(q, xi, magic, i, BITS, UNPACK)
             part += u * xu[:, None]
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
@@ -326,7 +330,7 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     args = (x, qweight, scales, zeros, out, part, locks)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0))
     if gemv:
-        _int_gemv_kernel[grid](*args, N, K, *strides, GROUP=group, BITS=bits, **c)
+        _int_gemv_kernel[grid](*args, N, K, *strides, 0x4B000000, GROUP=group, BITS=bits, **c)
     else:
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     return out
