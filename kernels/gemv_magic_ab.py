@@ -1,12 +1,12 @@
 """The int4 row kernel (chapter 15g's `_int_gemv_kernel`, one row of x) as committed against its earlier form, in one
 process on the GPU: the earlier `_value` OR-ed the constant 0x4B000000 under each masked value, and the compiler then
 loaded the mask into a register before every AND-OR (`kernels/sass_census.py`: 6.11 instructions a weight against
-5.28 with the exponent's bits passed as a value). Also the committed kernel with 128 and 256 output columns a program.
-Each variant is checked against chapter 8b's reference on fresh random inputs, then a decoder layer's four products
-of the Llama-3.1-8B shape at one row are timed as `quant_gemm_bench.py` times them (CUDA-graph replays over weight
-copies that miss L2), beside bf16.
+5.28 with the exponent's bits passed as a value; results/cpu_ops/sass_census_magic_2026-12-07.log). Also the
+committed kernel with 128 and 256 output columns a program. Each variant is checked against chapter 8b's reference on
+fresh random inputs, then a decoder layer's four products of the Llama-3.1-8B shape at one row are timed as
+`quant_gemm_bench.py` times them (CUDA-graph replays over weight copies that miss L2), beside bf16.
 
-    python kernels/gemv_magic_ab.py [--out DIR]      # GPU: writes gemv_magic_ab.csv
+    python kernels/gemv_magic_ab.py [--out DIR]      # GPU: writes gemv_magic_ab_round0.csv and _round1.csv
     python kernels/gemv_magic_ab.py --smoke           # CPU, Triton's interpreter: the checks on a small shape
 """
 import argparse

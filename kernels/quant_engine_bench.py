@@ -134,13 +134,10 @@ def main():
                    "each kernel's GPU time written to kernels_<method>.txt there")
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
-                   "run, and DEQUANT_ROWS past its largest row count if that is 128 or more")
+                   "run (a pick for a row count comes before the whole weight unpacked, as in int_gemm)")
     a = p.parse_args()
     if a.int_tiles:
         quant_gemm.INT_TILES = {int(m): c for m, c in json.loads(Path(a.int_tiles).read_text()).items()}
-        top = max(quant_gemm.INT_TILES, default=0)
-        if top >= quant_gemm.DEQUANT_ROWS:
-            quant_gemm.DEQUANT_ROWS = top + 1
     settings = dict(GEMV_ROWS=quant_gemm.GEMV_ROWS, FP8_DOT_ROWS=quant_gemm.FP8_DOT_ROWS,
                     DEQUANT_ROWS=quant_gemm.DEQUANT_ROWS, INT_TILES=quant_gemm.INT_TILES)
     if a.gemv_rows is not None:

@@ -11,6 +11,7 @@ import collections
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import triton
@@ -30,9 +31,10 @@ def compile_sass(fn, ints: list, const: dict, num_warps: int = 4, num_stages: in
     attrs = {(i,): [['tt.divisibility', 16]] for i in range(len(COMMON) + len(ints))}
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget('cuda', 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
-    path = Path('/tmp/sass_census.cubin')
-    path.write_bytes(k.asm['cubin'])
-    return subprocess.run([str(NVDISASM), '-c', str(path)], capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / 'kernel.cubin'
+        path.write_bytes(k.asm['cubin'])
+        return subprocess.run([str(NVDISASM), '-c', str(path)], capture_output=True, text=True, check=True).stdout
 
 
 def inner_loop(sass: str) -> list:

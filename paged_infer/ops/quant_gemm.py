@@ -79,7 +79,7 @@ def _int4_halves(q, OFF: tl.constexpr):
     (OFF 128: bfloat16, 1024: float16). One AND-OR (`lop3`) makes two values at once, value i and value i + 4 of a
     word under the exponent in both halves of a register, and a shift comes before each but the first; a byte permute
     (`prmt`) pairs value i of two neighbouring words, as two elements of a tensor sit in a register. Eight values
-    cost nine instructions (four `lop3`, three shifts, four of the pair's eight `prmt`), where `_as_half` spends a
+    cost eleven instructions (four `lop3`, three shifts, four of the pair's eight `prmt`), where `_as_half` spends a
     shift, a mask, an OR and a narrowing on each. PTX: a GPU only."""
     if OFF == 128:
         return tl.inline_asm_elementwise(_HALVES_BF16, '=r,=r,=r,=r,=r,=r,=r,=r,r,r', [q], dtype=(tl.bfloat16,) * 8,
@@ -263,7 +263,7 @@ def fill_split(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int,
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #453832f1
-DEQUANT_ROWS = 128  # from this many rows up, unpack the whole weight once and multiply with cuBLAS (as vLLM's AWQ)
+DEQUANT_ROWS = 128  # from this many rows up (unless INT_TILES holds M), unpack the weight once, then cuBLAS
 GEMV_ROWS = 1  # up to this many rows, one row a program without tensor cores (`_int_gemv_kernel`); see below
 
 
@@ -324,6 +324,9 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
         c['OFF'] = {torch.bfloat16: 128, torch.float16: 1024}.get(x.dtype, 0)
     if c.get('ASM') and (bits != 4 or not c.get('OFF')):  # `_int4_halves` makes 4-bit values in half precision only
         c['ASM'] = False
+    assert c.get('OFF', 0) in (0, {torch.bfloat16: 128, torch.float16: 1024}.get(x.dtype)), 'OFF does not fit x.dtype'
+    if c.get('UNPACK') == 'planes' and x.is_cuda:  # a tensor-core dot takes K >= 16: 16 words a slice at least
+        assert c['BLOCK_K'] * bits // 32 >= 16, 'planes: BLOCK_K too small for a dot'
     grid = (M if gemv else triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
     out = x.new_empty(M, N)
     part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x.device)
@@ -334,8 +337,6 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     else:
         _int_gemm_kernel[grid](*args, M, N, K, *strides, GROUP=group, BITS=bits, **c)
     return out
-
-
 
 # %% ../../nbs/15g_quant_gemm.ipynb #a7c3e915
 LOCKS = 1 << 14  # output tiles a split product may have: one counter each, zero between products
