@@ -72,7 +72,7 @@ def main():
         report(f'row kernel, UNPACK={unpack!r}, 64 x 128 a program, 4 warps', sass, 64 * 128 // 128)
     tile_ints = ['M', 'N', 'K', 'stride_xm', 'stride_qk', 'stride_sg', 'stride_om']
     for extra in (dict(UNPACK='bits'), dict(UNPACK='after', SWAP=True, OFF=128),
-                  dict(UNPACK='planes', SWAP=True, OFF=128, ASM=True)):
+                  dict(UNPACK='planes', SWAP=True, OFF=128, ASM=True), dict(UNPACK='planes', OFF=128, ASM=True)):
         const = dict(GROUP=128, BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, SWAP=False, OFF=0, ASM=False)
         const.update(extra)
         report(f'tile kernel 16 x 64, {extra}', compile_sass(_int_gemm_kernel, tile_ints, const, num_stages=4),

@@ -127,7 +127,8 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M
                 xu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             if ASM:
                 halves = _int4_halves(q, OFF)
-            x_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)  # (BM, BK)
+            x_sum = tl.sum(x.to(tl.float32), axis=1)  # one reduction a slice, not one a plane
             for i in tl.static_range(PER):
                 kk = k0 + rw * PER + i  # the input features of value i of the words
                 if ASM:
@@ -137,11 +138,9 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, M
                 if SWAP:
                     xi = tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=rm[None, :] < M, other=0.0)
                     xu = tl.dot(h, xi, xu)
-                    x_sum += tl.sum(xi.to(tl.float32), axis=0)
                 else:
                     xi = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=rm[:, None] < M, other=0.0)
                     xu = tl.dot(xi, h, xu)
-                    x_sum += tl.sum(xi.to(tl.float32), axis=1)
             if SWAP:
                 acc += (xu - (z[:, None] + OFF) * x_sum[None, :]) * s[:, None]
             else:
@@ -186,6 +185,7 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qk, stride_sg, stri
     w = (_as_float(u) - z[None, :]) * s[None, :]
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + k[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty), mask=rn[None, :] < N)
+
 
 # %% ../../nbs/15g_quant_gemm.ipynb #d81d985b
 @triton.jit
