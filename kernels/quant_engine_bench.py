@@ -152,12 +152,12 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
+    trace = Path(a.trace) if a.trace else None
     for engine in a.engines.split(','):
         path = out / (a.name if engine == 'ours' else 'vllm.json')
         old = json.loads(path.read_text()) if path.exists() else {}
         rows = old['results'] if old.get('shape') == a.shape else []  # other methods of the same shape are kept
         for method in a.methods.split(','):
-            trace = Path(a.trace) if a.trace else None
             row = ours(folder, method, batch_sizes, workload, trace) if engine == 'ours' else vllm(
                 folder, method, batch_sizes, workload, out)
             rows = [r for r in rows if r['method'] != method] + [row]

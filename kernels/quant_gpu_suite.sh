@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 timeout 280 python kernels/quant_tile_sweep.py --out "$OUT" > "$OUT/quant_tile_sweep.log" 2>&1
 echo "sweep: exit $?"
-grep -E '^M=|^checked|^failures|fastest' "$OUT/quant_tile_sweep.log" | cut -c1-400
+grep -E '^M=|^checked|^failures|fastest' "$OUT/quant_tile_sweep.log"  # whole rows: at times the only copy
 bench() {
     local name=$1
     shift
