@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -46,29 +48,32 @@ def config(folder, method) -> EngineConfig:
                         max_model_len=2048, gpu_memory_utilization=0.85)
 
 
-def kernel_table(engine, workload, path: Path) -> dict:
-    """The workload once more under the torch profiler (GPU activity only): each kernel's GPU time over the run,
-    written to `path`, against the run's wall time. Not the measured run: profiling slows the host."""
+def kernel_table(run, path: Path) -> dict:
+    """`run()` once more under the torch profiler (GPU activity only): each kernel's GPU time over the run, written
+    to `path`, against the run's wall time. Not a measured run: profiling slows the host."""
     from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        m, _ = run_engine(engine, workload, progress=False)
-        torch.cuda.synchronize()
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        run()
+        sync()
+        wall = time.perf_counter() - t0
     rows = []
     for e in prof.key_averages():
-        us = getattr(e, 'self_device_time_total', None) or getattr(e, 'self_cuda_time_total', 0)
+        us = e.self_device_time_total if gpu else e.self_cpu_time_total  # (a CPU run: its operators, for a check)
         if us > 0:
             rows.append((us, e.count, e.key))
     rows.sort(reverse=True)
     gpu_s = sum(r[0] for r in rows) / 1e6
-    lines = [f"wall {m['elapsed_s']:.3f} s, GPU kernels {gpu_s:.3f} s ({gpu_s / m['elapsed_s']:.0%} of the wall), "
-             f"{m['output_tokens_per_s']:.0f} out tok/s under the profiler",
+    lines = [f"wall {wall:.3f} s, GPU kernels {gpu_s:.3f} s ({gpu_s / wall:.0%} of the wall) under the profiler",
              f"{'GPU ms':>10} {'share':>6} {'calls':>8}  kernel"]
     for us, n, name in rows[:40]:
         lines.append(f'{us / 1e3:10.1f} {us / 1e6 / gpu_s:6.1%} {n:8d}  {name[:150]}')
     path.write_text('\n'.join(lines) + '\n')
     print(*lines[:12], sep='\n', flush=True)
-    return dict(wall_s=m['elapsed_s'], gpu_kernel_s=round(gpu_s, 3))
+    return dict(wall_s=round(wall, 3), gpu_kernel_s=round(gpu_s, 3))
 
 
 def ours(folder, method, batch_sizes, workload, trace: Path | None = None) -> dict:
@@ -87,7 +92,12 @@ def ours(folder, method, batch_sizes, workload, trace: Path | None = None) -> di
               flush=True)
         if trace is not None:
             trace.mkdir(parents=True, exist_ok=True)
-            row['profiled'] = kernel_table(engine, workload, trace / f'kernels_{method}.txt')
+            row['profiled'] = kernel_table(partial(run_engine, engine, workload, progress=False),
+                                           trace / f'kernels_{method}.txt')
+    if trace is not None:  # the batch-1 decode: where its step goes (two iterations, one of them warm-up)
+        trace.mkdir(parents=True, exist_ok=True)
+        row['profiled_b1'] = kernel_table(partial(run_latency, engine, 1, PROMPT, OUTPUT, num_iters=1, progress=False),
+                                          trace / f'kernels_{method}_b1.txt')
     del engine
     gc.collect()
     torch.cuda.empty_cache()
@@ -131,7 +141,8 @@ def main():
     p.add_argument('--name', default='engine.json', help='the file our rows go to, in --out')
     p.add_argument('--gemv-rows', type=int, help='quant_gemm.GEMV_ROWS for this run (default: as committed)')
     p.add_argument('--trace', help='a folder: after the throughput run, the same run under the torch profiler, '
-                   "each kernel's GPU time written to kernels_<method>.txt there")
+                   "each kernel's GPU time written to kernels_<method>.txt there; and one batch-1 latency run, "
+                   'to kernels_<method>_b1.txt')
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
                    "run (a pick for a row count comes before the whole weight unpacked, as in int_gemm)")
