@@ -8,6 +8,7 @@ fresh random inputs, then a decoder layer's four products of the Llama-3.1-8B sh
 
     python kernels/gemv_magic_ab.py [--out DIR]      # GPU: writes gemv_magic_ab_round0.csv and _round1.csv
     python kernels/gemv_magic_ab.py --smoke           # CPU, Triton's interpreter: the checks on a small shape
+    python kernels/gemv_magic_ab.py --grid [--out DIR]  # also each launch of GRID (tiles, warps, programs)
 """
 import argparse
 import os
@@ -84,27 +85,36 @@ def gemv_const(x, qweight, scales, zeros, bits=4, group=128):
     return out
 
 
-def methods(x, w) -> dict:
+GRID = [  # (block_n, block_k, num_warps, programs): `int_gemv_config`'s launch choices, tried with --grid
+    (bn, bk, nw, pr) for bn, nw in ((64, 4), (128, 4), (128, 8), (256, 8)) for bk in (64, 128)
+    for pr in (528, 1056, 2112)]
+
+
+def methods(x, w, grid=False) -> dict:
     "name -> a call computing x @ the weight that `w` (qweight, scales, zeros) stands for."
     M, K = x.shape
     N = w[0].shape[1]
-    return {
+    calls = {
         'int4 row, constant exponent (before)': lambda: gemv_const(x, *w),
         'int4 row (committed)': lambda: int_gemm(x, *w, 4, 128),
         'int4 row, 128 columns': lambda: int_gemm(x, *w, 4, 128, int_gemv_config(M, N, K, 128, block_n=128)),
         'int4 row, 256 columns, 8 warps': lambda: int_gemm(x, *w, 4, 128, int_gemv_config(M, N, K, 128, block_n=256,
                                                                                          num_warps=8)),
     }
+    for bn, bk, nw, pr in GRID if grid else []:
+        c = int_gemv_config(M, N, K, 128, block_n=bn, block_k=bk, programs=pr, num_warps=nw)
+        calls[f'row BN{bn} BK{bk} W{nw} P{pr} S{c["SPLIT_K"]}'] = lambda c=c: int_gemm(x, *w, 4, 128, c)
+    return calls
 
 
-def check(shapes, device, dtype) -> list:
+def check(shapes, device, dtype, grid=False) -> list:
     failures = []
     torch.manual_seed(3)
     for name, (K, N) in shapes.items():
         w = random_int(K, N, 4, 128, K + N + 7, device)
         x = torch.randn(1, K, device=device, dtype=dtype)
         want = x.float() @ dequantize_int(*w, 4).float()
-        for method, call in methods(x, w).items():
+        for method, call in methods(x, w, grid).items():
             err = ((call().float() - want).abs().max() / want.abs().max()).item()
             if err > 2e-2:
                 failures.append(f'{name} {method}: rel err {err:.3g}')
@@ -115,13 +125,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument('--out', default='kernels/results/quant/h100')
     p.add_argument('--smoke', action='store_true')
+    p.add_argument('--grid', action='store_true', help="also each launch of GRID: the fastest a shape is printed")
     a = p.parse_args()
     if a.smoke:
-        failures = check({'small': (1024, 512)}, 'cpu', torch.float32)
+        failures = check({'small': (1024, 512)}, 'cpu', torch.float32, a.grid)
         print('smoke checks, failures:', len(failures), *failures, sep='\n')
         sys.exit(1 if failures else 0)
     print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, flush=True)
-    failures = check(SHAPES, 'cuda', torch.bfloat16)
+    failures = check(SHAPES, 'cuda', torch.bfloat16, a.grid)
     print('checked every variant at one row on the 8B layer shapes; failures:', len(failures), *failures, sep='\n',
           flush=True)
     rows = []
@@ -132,8 +143,8 @@ def main():
         int4 = [random_int(K, N, 4, 128, i) for i in range(copies)]
         x = torch.randn(1, K, device='cuda', dtype=torch.bfloat16)
         cases = {'bf16': (lambda i: lambda: x @ w16[i % len(w16)].T, 2 * K * N)}
-        for method in methods(x, int4[0]):
-            cases[method] = (lambda i, method=method: methods(x, int4[i % copies])[method], n4)
+        for method in methods(x, int4[0], a.grid):
+            cases[method] = (lambda i, method=method: methods(x, int4[i % copies], a.grid)[method], n4)
         for rep in range(2):  # twice, alternating, so that a drift of the machine shows
             for method, (make, nbytes) in cases.items():
                 us = time_graph(make, nbytes)
@@ -141,6 +152,16 @@ def main():
                 print(f'{name:8s} round {rep} {method:34s} {us:9.2f} us', flush=True)
         cases = int4 = w16 = None
         torch.cuda.empty_cache()
+    if a.grid:
+        print('the fastest launches of each shape, microseconds (mean of the two rounds):')
+        for name in SHAPES:
+            us = {}
+            for r in rows:
+                if r['layer'] == name and r['method'] != 'bf16':
+                    us[r['method']] = us.get(r['method'], 0) + r['us'] / 2
+            best = sorted(us.items(), key=lambda kv: kv[1])[:3]
+            print(f'{name:8s} committed {us["int4 row (committed)"]:.2f} us; fastest: ' +
+                  '; '.join(f'{k} {v:.2f}' for k, v in best), flush=True)
     for rep in range(2):
         print(f'round {rep}:', flush=True)
         write_rows([dict(r, M=1) for r in rows if r['round'] == rep], Path(a.out) / f'gemv_magic_ab_round{rep}.csv',
