@@ -129,6 +129,12 @@ def vllm(folder, method, batch_sizes, workload, out: Path) -> dict:
     return row
 
 
+def launch_for(config, picks: dict, M, N, K, group, **kw) -> dict:
+    "`int_gemv_config` (`config`) with the launch `picks` names for this (N, K), if any (its keys: 'N,K')."
+    pick = {k: v for k, v in picks.get(f'{N},{K}', {}).items() if k != 'us'}
+    return config(M, N, K, group, **{**kw, **pick})
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--tokenizer', required=True)
@@ -143,6 +149,10 @@ def main():
     p.add_argument('--trace', help='a folder: after the throughput run, the same run under the torch profiler, '
                    "each kernel's GPU time written to kernels_<method>.txt there; and one batch-1 latency run, "
                    'to kernels_<method>_b1.txt')
+    p.add_argument('--gemv-kernel', choices=['committed', 'prefetch'], default='committed',
+                   help="prefetch: kernels/gemv_row_ab.py's `_gemv_prefetch` in place of the row kernel, for this run")
+    p.add_argument('--gemv-launch', help="gemv_launch.json of kernels/gemv_row_ab.py --grid: the row kernel's launch "
+                   'for each (N, K) it lists, for this run')
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
                    "run (a pick for a row count comes before the whole weight unpacked, as in int_gemm)")
@@ -155,6 +165,14 @@ def main():
         settings['GEMV_ROWS'] = quant_gemm.GEMV_ROWS = a.gemv_rows
     if a.fp8_dot_rows is not None:
         settings['FP8_DOT_ROWS'] = quant_gemm.FP8_DOT_ROWS = a.fp8_dot_rows
+    if a.gemv_kernel == 'prefetch':
+        from gemv_row_ab import _gemv_prefetch  # (kernels/ is on the path)
+        quant_gemm._int_gemv_kernel = _gemv_prefetch  # the same arguments; `int_gemm` looks it up when called
+    settings['gemv_kernel'] = a.gemv_kernel
+    if a.gemv_launch:
+        picks = json.loads(Path(a.gemv_launch).read_text())
+        settings['gemv_launch'] = picks
+        quant_gemm.int_gemv_config = partial(launch_for, quant_gemm.int_gemv_config, picks)
     print('settings:', settings)
     folder = make_random_model(a.shape, tokenizer_folder=a.tokenizer, weights=False)
     vocab = json.loads((folder / 'config.json').read_text())['vocab_size']
