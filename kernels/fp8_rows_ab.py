@@ -58,8 +58,8 @@ def _fp8_swap_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, part_ptr, lock_ptr, 
                  keep, tile, pid_k, M * N, SPLIT_K)
 
 
-GRID = [  # (block_n, block_k, programs, num_stages) of the swapped kernel, 4 warps
-    (bn, bk, pr, 4) for bn in (64, 128) for bk in (128, 256) for pr in (132, 264, 528)]
+GRID = [  # (block_n, block_k, programs, num_stages) of the swapped kernel, 4 warps; its default: (64, 128, 264, 3)
+    (64, 256, 264, 4), (128, 128, 264, 4), (128, 256, 264, 4), (64, 128, 528, 4), (64, 128, 132, 4)]
 
 
 def swapped(x, w, ws, block_n=64, block_k=128, programs=264, num_stages=3):

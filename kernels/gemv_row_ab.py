@@ -88,7 +88,7 @@ def gemv_prefetch(x, qweight, scales, zeros, bits=4, group=128, **config):
 
 
 GRID = [  # (block_n, block_k, programs) of the prefetching kernel, 4 warps, tried with --grid (BK 64 lost)
-    (bn, 128, pr) for bn in (64, 128) for pr in (264, 528, 1056, 2112)]
+    (bn, 128, pr) for bn in (64, 128) for pr in (528, 2112)]
 
 
 def methods(x, w, grid=False) -> dict:
