@@ -153,8 +153,8 @@ def main():
                    help="prefetch: kernels/gemv_row_ab.py's `_gemv_prefetch` in place of the row kernel, for this run")
     p.add_argument('--gemv-launch', help="gemv_launch.json of kernels/gemv_row_ab.py --grid: the row kernel's launch "
                    'for each (N, K) it lists, for this run')
-    p.add_argument('--fp8-kernel', choices=['committed', 'before'], default='committed',
-                   help="before: kernels/fp8_rows_ab.py's `_fp8_plain_kernel` (x @ w.T) for `_fp8_gemm_kernel`")
+    p.add_argument('--fp8-kernel', choices=['committed', 'swap'], default='committed',
+                   help="swap: kernels/fp8_rows_ab.py's `_fp8_swap_kernel` (w @ x.T) for `_fp8_gemm_kernel`")
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
                    "run (a pick for a row count comes before the whole weight unpacked, as in int_gemm)")
@@ -171,9 +171,9 @@ def main():
         from gemv_row_ab import _gemv_prefetch  # (kernels/ is on the path)
         quant_gemm._int_gemv_kernel = _gemv_prefetch  # the same arguments; `int_gemm` looks it up when called
     settings['gemv_kernel'] = a.gemv_kernel
-    if a.fp8_kernel == 'before':
-        from fp8_rows_ab import _fp8_plain_kernel
-        quant_gemm._fp8_gemm_kernel = _fp8_plain_kernel  # the same arguments; `fp8_dot` looks it up when called
+    if a.fp8_kernel == 'swap':
+        from fp8_rows_ab import _fp8_swap_kernel
+        quant_gemm._fp8_gemm_kernel = _fp8_swap_kernel  # the same arguments; `fp8_dot` looks it up when called
     settings['fp8_kernel'] = a.fp8_kernel
     if a.gemv_launch:
         picks = json.loads(Path(a.gemv_launch).read_text())
