@@ -49,8 +49,8 @@ def config(folder, method) -> EngineConfig:
 
 
 def kernel_table(run, path: Path) -> dict:
-    """`run()` once more under the torch profiler (GPU activity only): each kernel's GPU time over the run, written
-    to `path`, against the run's wall time. Not a measured run: profiling slows the host."""
+    """`run()` once more under the torch profiler: each GPU kernel's time over the run (on a CPU: each operator's),
+    written to `path`, against the run's wall time. Not a measured run: profiling slows the host."""
     from torch.profiler import ProfilerActivity, profile
     gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if gpu else (lambda: None)
