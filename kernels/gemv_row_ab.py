@@ -1,15 +1,18 @@
-"""The int4 row kernel (chapter 15g's `_int_gemv_kernel`, one row of x) as committed against a form of it that asks
-for the next K tile's words, scales and zeros before it unpacks the current one (`_gemv_prefetch`), in one process on
-the GPU, with `--grid` over launch choices (output columns and K tile a program, warps, programs in the grid). Each
-variant is checked against chapter 8b's reference on fresh random inputs, then a decoder layer's four products of the
-Llama-3.1-8B shape at one row are timed as `quant_gemm_bench.py` times them (CUDA-graph replays over weight copies
-that miss L2), beside bf16.
+"""The int4 row kernel (chapter 15g's `_int_gemv_kernel`, one row of x) as committed against a form of it whose K loop
+Triton pipelines (`_gemv_staged`: the next tiles' words, scales and zeros copied into shared memory while the current
+one is unpacked), in one process on the GPU, with `--grid` over launch choices (output columns a program, pipeline
+stages, programs in the grid). Each variant is checked against chapter 8b's reference on fresh random inputs, then a
+decoder layer's four products of the Llama-3.1-8B shape at one row are timed as `quant_gemm_bench.py` times them
+(CUDA-graph replays over weight copies that miss L2), beside bf16.
 
 (At 3657232 this file was `kernels/gemv_magic_ab.py` and timed the row kernel with 0x4B000000 as a constant against
-the committed form that takes it as an argument: results/quant/h100/MANIFEST.md.)
+the committed form that takes it as an argument: results/quant/h100/MANIFEST.md. At 2e549f5 it held a form that
+asked for the next tile's words by hand, one tile ahead; its machine code showed those loads moved back down to
+just before their use, so it was never timed.)
 
     python kernels/gemv_row_ab.py [--grid] [--out DIR]  # GPU: writes gemv_row_ab_round0.csv and _round1.csv
     python kernels/gemv_row_ab.py --smoke [--grid]      # CPU, Triton's interpreter: the checks on a small shape
+    python kernels/gemv_row_ab.py --sass                # CPU: where each K loop's global reads sit (sm_90 SASS)
 """
 import argparse
 import json
@@ -27,37 +30,31 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paged_infer.model.quantization import dequantize_int  # noqa: E402
-from paged_infer.ops.quant_gemm import _split_store, _value, int_gemm, int_gemv_config, split_buffers  # noqa: E402
+from paged_infer.ops.quant_gemm import (_int_gemv_kernel, _split_store, _value, int_gemm, int_gemv_config,  # noqa: E402
+                                         split_buffers)  # noqa: E402
 from quant_gemm_bench import SHAPES, random_int, time_graph, write_rows  # noqa: E402
 
 
 @triton.jit
-def _gemv_prefetch(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N, K, stride_xm, stride_qk, stride_sg,
-                   stride_om, magic, GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits'):
-    """`_int_gemv_kernel` with its loads one K tile ahead: the words, scales and zeros of tile k + 1 are asked for
-    before tile k is unpacked, so that a program's memory reads overlap its arithmetic (by hand: Triton pipelines
-    the loads that feed a `tl.dot`, and this loop has none)."""
+def _gemv_staged(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N, K, stride_xm, stride_qk, stride_sg,
+                 stride_om, magic, GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNPACK: tl.constexpr = 'bits', STAGES: tl.constexpr = 3):
+    """`_int_gemv_kernel` with its K loop given to Triton's software pipeliner (`tl.range(..., num_stages=STAGES)`):
+    the words, scales and zeros of the next STAGES - 1 K tiles are copied into shared memory asynchronously
+    (`cp.async`, SASS `LDGSTS`) while the current tile is unpacked, so that a program keeps several tiles' reads in
+    flight. Without the explicit `num_stages` Triton pipelines only loops that feed a `tl.dot`, and this one has none:
+    each thread then has one 16-byte read outstanding at a time (ptxas places every load just before its use; loads
+    written one tile ahead by hand are moved back down: `python kernels/gemv_row_ab.py --sass`)."""
     m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, WORDS)
-    keep = rn < N
     acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)
-    k_lo = pid_k * (K // SPLIT_K)
-    k_hi = k_lo + K // SPLIT_K
-    q = tl.load(qw_ptr + (k_lo // PER + rw)[:, None] * stride_qk + rn[None, :], mask=keep[None, :], other=0,
-                eviction_policy='evict_first')
-    s = tl.load(s_ptr + k_lo // GROUP * stride_sg + rn, mask=keep, other=0.0)
-    z = tl.load(z_ptr + k_lo // GROUP * stride_sg + rn, mask=keep, other=0.0)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        k1 = k0 + BLOCK_K
-        more = keep & (k1 + 0 * rn < k_hi)  # (the last tile asks for nothing)
-        q1 = tl.load(qw_ptr + (k1 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=more[None, :], other=0,
-                     eviction_policy='evict_first')
-        s1 = tl.load(s_ptr + k1 // GROUP * stride_sg + rn, mask=more, other=0.0)
-        z1 = tl.load(z_ptr + k1 // GROUP * stride_sg + rn, mask=more, other=0.0)
+    k_split = K // SPLIT_K
+    for k0 in tl.range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K, num_stages=STAGES):
+        q = tl.load(qw_ptr + (k0 // PER + rw)[:, None] * stride_qk + rn[None, :], mask=rn[None, :] < N, other=0,
+                    eviction_policy='evict_first')
         part = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)
         x_sum = tl.zeros((WORDS,), dtype=tl.float32)
         for i in tl.static_range(PER):
@@ -65,30 +62,32 @@ def _gemv_prefetch(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, lock_ptr, N, 
             x_sum += xi
             u, xu = _value(q, xi, magic, i, BITS, UNPACK)
             part += u * xu[:, None]
-        acc += s.to(tl.float32)[None, :] * (part - z.to(tl.float32)[None, :] * x_sum[:, None])
-        q, s, z = q1, s1, z1
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_sg + rn, mask=rn < N, other=0.0).to(tl.float32)
+        acc += s[None, :] * (part - z[None, :] * x_sum[:, None])
     y = tl.sum(acc, axis=0)
     tile = m * tl.num_programs(1) + pid_n
-    _split_store(out_ptr, part_ptr, lock_ptr, y, m * stride_om + rn, m * N + rn, keep, tile, pid_k,
+    _split_store(out_ptr, part_ptr, lock_ptr, y, m * stride_om + rn, m * N + rn, rn < N, tile, pid_k,
                  tl.num_programs(0) * N, SPLIT_K)
 
 
-def gemv_prefetch(x, qweight, scales, zeros, bits=4, group=128, **config):
-    "The row kernel with its loads one K tile ahead, launched as `int_gemm` launches the committed one."
+def gemv_staged(x, qweight, scales, zeros, bits=4, group=128, stages=3, **config):
+    "The row kernel with its K loop pipelined `stages` deep, launched as `int_gemm` launches the committed one."
     M, K = x.shape
     N = qweight.shape[1]
     c = int_gemv_config(M, N, K, group, **config)
     grid = (M, triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
     out = x.new_empty(M, N)
     part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x.device)
-    _gemv_prefetch[grid](x, qweight, scales, zeros, out, part, locks, N, K, x.stride(0), qweight.stride(0),
-                         scales.stride(0), out.stride(0), 0x4B000000, GROUP=group, BITS=bits, BLOCK_N=c['BLOCK_N'],
-                         BLOCK_K=c['BLOCK_K'], SPLIT_K=c['SPLIT_K'], num_warps=c['num_warps'])
+    _gemv_staged[grid](x, qweight, scales, zeros, out, part, locks, N, K, x.stride(0), qweight.stride(0),
+                       scales.stride(0), out.stride(0), 0x4B000000, GROUP=group, BITS=bits, BLOCK_N=c['BLOCK_N'],
+                       BLOCK_K=c['BLOCK_K'], SPLIT_K=c['SPLIT_K'], STAGES=stages, num_warps=c['num_warps'])
     return out
 
 
-GRID = [  # (block_n, block_k, programs) of the prefetching kernel, 4 warps, tried with --grid (BK 64 lost)
-    (bn, 128, pr) for bn in (64, 128) for pr in (528, 2112)]
+GRID = [  # (block_n, stages, programs) of the pipelined kernel, K tiles of 128, 4 warps, tried with --grid
+    (bn, st, pr) for bn in (64, 128) for st in (2, 3) for pr in (528, 1056, 2112)]
 
 
 def methods(x, w, grid=False) -> dict:
@@ -98,18 +97,18 @@ def methods(x, w, grid=False) -> dict:
     calls = {
         'int4 row (committed)': lambda: int_gemm(x, *w, 4, 128),
         'int4 row, 128 columns': lambda: int_gemm(x, *w, 4, 128, int_gemv_config(M, N, K, 128, block_n=128)),
-        'prefetch': lambda: gemv_prefetch(x, *w),
+        'staged': lambda: gemv_staged(x, *w),
     }
-    for bn, bk, pr in GRID if grid else []:
-        launch = dict(block_n=bn, block_k=bk, programs=pr)
-        calls[f'prefetch BN{bn} BK{bk} P{pr}'] = lambda launch=launch: gemv_prefetch(x, *w, **launch)
+    for bn, st, pr in GRID if grid else []:
+        launch = dict(block_n=bn, stages=st, programs=pr)
+        calls[f'staged BN{bn} S{st} P{pr}'] = lambda launch=launch: gemv_staged(x, *w, **launch)
     return calls
 
 
 def launch_of(method: str) -> dict:
-    "`int_gemv_config`'s keywords that a grid method's name stands for ('prefetch BN64 BK128 P528')."
-    bn, bk, pr = (int(t[2:] if t[0] == 'B' else t[1:]) for t in method.split()[1:])
-    return dict(block_n=bn, block_k=bk, programs=pr)
+    "`gemv_staged`'s keywords that a grid method's name stands for ('staged BN64 S3 P528')."
+    bn, st, pr = (int(t[2:] if t[0] == 'B' else t[1:]) for t in method.split()[1:])
+    return dict(block_n=bn, stages=st, programs=pr)
 
 
 def check(shapes, device, dtype, grid=False) -> list:
@@ -126,12 +125,32 @@ def check(shapes, device, dtype, grid=False) -> list:
     return failures
 
 
+def sass():
+    "Each kernel's K loop in sm_90 machine code (Triton's own ptxas): instructions a weight, where the reads sit."
+    from sass_census import compile_sass, inner_loop, report
+    print('triton', triton.__version__, 'target sm_90')
+    ints = ['N', 'K', 'stride_xm', 'stride_qk', 'stride_sg', 'stride_om', 'magic']
+    kernels = [('committed', _int_gemv_kernel, {})] + [
+        (f'staged, {st} stages', _gemv_staged, dict(STAGES=st)) for st in (2, 3)]
+    for bn in (64, 128):
+        for name, fn, extra in kernels:
+            const = dict(GROUP=128, BITS=4, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=4, UNPACK='bits', **extra)
+            code = compile_sass(fn, ints, const)
+            report(f'{name}, {bn} columns a program', code, bn)
+            ops = inner_loop(code)
+            reads = [f'{i}:{op}' for i, op in enumerate(ops) if op.startswith('LDG') and 'U16' not in op]
+            print(f'    reads of weights, scales and zeros (position of {len(ops)}):', ' '.join(reads))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--out', default='kernels/results/quant/h100')
     p.add_argument('--smoke', action='store_true')
     p.add_argument('--grid', action='store_true', help="also each launch of GRID: the fastest a shape is printed")
+    p.add_argument('--sass', action='store_true', help='no GPU: the K loops in machine code')
     a = p.parse_args()
+    if a.sass:
+        return sass()
     if a.smoke:
         failures = check({'small': (1024, 512)}, 'cpu', torch.float32, a.grid)
         print('smoke checks, failures:', len(failures), *failures, sep='\n')
@@ -157,7 +176,7 @@ def main():
                 print(f'{name:8s} round {rep} {method:34s} {us:9.2f} us', flush=True)
         cases = int4 = w16 = None
         torch.cuda.empty_cache()
-    if a.grid:  # the fastest prefetching launch of each shape, for `quant_engine_bench.py --gemv-launch`
+    if a.grid:  # the fastest pipelined launch of each shape, for `quant_engine_bench.py --gemv-launch`
         print('the fastest launches of each shape, microseconds (mean of the two rounds):')
         picks = {}
         for name, (K, N) in SHAPES.items():
@@ -168,7 +187,7 @@ def main():
             best = sorted(us.items(), key=lambda kv: kv[1])
             print(f'{name:8s} committed {us["int4 row (committed)"]:.2f} us; fastest: ' +
                   '; '.join(f'{k} {v:.2f}' for k, v in best[:3]), flush=True)
-            grid_best = min((kv for kv in best if kv[0].startswith('prefetch B')), key=lambda kv: kv[1])
+            grid_best = min((kv for kv in best if kv[0].startswith('staged B')), key=lambda kv: kv[1])
             picks[f'{N},{K}'] = dict(launch_of(grid_best[0]), us=round(grid_best[1], 2))
         (Path(a.out) / 'gemv_launch.json').write_text(json.dumps(picks, indent=1) + '\n')
     for rep in range(2):

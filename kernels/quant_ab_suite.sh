@@ -5,9 +5,9 @@
 #      then 1-32 rows), and the row count up to which it beats torch._scaled_mm (fp8_dot_rows.txt);
 #   2. the engine: bf16 and fp8 as committed, then fp8 with the swapped kernel up to that row count (batch 1 and 256,
 #      256 sharegpt-like requests);
-#   3. kernels/gemv_row_ab.py --grid: the int4 row kernel with its loads one K tile ahead, and its launches;
+#   3. kernels/gemv_row_ab.py --grid: the int4 row kernel with its K loop pipelined (Triton), and its launches;
 #   4. the engine's GPTQ batch-1 step, with and without the output layer quantized, as committed and with the
-#      prefetching row kernel at the grid's launches.
+#      pipelined row kernel at the grid's launches.
 # TOK: a folder of the default model's config.json and tokenizer. ARCHIVE: where the packed outputs go.
 #   bash kernels/quant_ab_suite.sh OUTDIR TOK ARCHIVE [SECONDS]
 # On a device machine, e.g.: bash kernels/quant_ab_suite.sh $OUT/q /tmp/tok $OUT/res.tgz 520 && rm -rf $OUT/q
@@ -55,6 +55,6 @@ grep -E -A4 'fastest launches' "$OUT/gemv_row_ab.log" 2>/dev/null
 engine e_int 60 --methods gptq,gptq-lm-head --batch-sizes 1 --requests 0
 LAUNCH=()
 [ -f "$OUT/gemv_launch.json" ] && LAUNCH=(--gemv-launch "$OUT/gemv_launch.json")
-engine e_int_prefetch 60 --methods gptq,gptq-lm-head --batch-sizes 1 --requests 0 --gemv-kernel prefetch "${LAUNCH[@]}"
+engine e_int_staged 60 --methods gptq,gptq-lm-head --batch-sizes 1 --requests 0 --gemv-kernel staged "${LAUNCH[@]}"
 tar czf "$ARCHIVE" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 echo "packed $(du -h "$ARCHIVE" | cut -f1) into $ARCHIVE after $((SECONDS - START)) s"

@@ -130,9 +130,12 @@ def vllm(folder, method, batch_sizes, workload, out: Path) -> dict:
 
 
 def launch_for(config, picks: dict, M, N, K, group, **kw) -> dict:
-    "`int_gemv_config` (`config`) with the launch `picks` names for this (N, K), if any (its keys: 'N,K')."
+    """`int_gemv_config` (`config`) with the launch `picks` names for this (N, K), if any (its keys: 'N,K'); a pick's
+    `stages` goes to the kernel as STAGES (`_gemv_staged` only)."""
     pick = {k: v for k, v in picks.get(f'{N},{K}', {}).items() if k != 'us'}
-    return config(M, N, K, group, **{**kw, **pick})
+    stages = pick.pop('stages', None)
+    c = config(M, N, K, group, **{**kw, **pick})
+    return c if stages is None else dict(c, STAGES=stages)
 
 
 def main():
@@ -149,8 +152,8 @@ def main():
     p.add_argument('--trace', help='a folder: after the throughput run, the same run under the torch profiler, '
                    "each kernel's GPU time written to kernels_<method>.txt there; and one batch-1 latency run, "
                    'to kernels_<method>_b1.txt')
-    p.add_argument('--gemv-kernel', choices=['committed', 'prefetch'], default='committed',
-                   help="prefetch: kernels/gemv_row_ab.py's `_gemv_prefetch` in place of the row kernel, for this run")
+    p.add_argument('--gemv-kernel', choices=['committed', 'staged'], default='committed',
+                   help="staged: kernels/gemv_row_ab.py's `_gemv_staged` in place of the row kernel, for this run")
     p.add_argument('--gemv-launch', help="gemv_launch.json of kernels/gemv_row_ab.py --grid: the row kernel's launch "
                    'for each (N, K) it lists, for this run')
     p.add_argument('--fp8-kernel', choices=['committed', 'swap'], default='committed',
@@ -167,9 +170,9 @@ def main():
         settings['GEMV_ROWS'] = quant_gemm.GEMV_ROWS = a.gemv_rows
     if a.fp8_dot_rows is not None:
         settings['FP8_DOT_ROWS'] = quant_gemm.FP8_DOT_ROWS = a.fp8_dot_rows
-    if a.gemv_kernel == 'prefetch':
-        from gemv_row_ab import _gemv_prefetch  # (kernels/ is on the path)
-        quant_gemm._int_gemv_kernel = _gemv_prefetch  # the same arguments; `int_gemm` looks it up when called
+    if a.gemv_kernel == 'staged':
+        from gemv_row_ab import _gemv_staged  # (kernels/ is on the path)
+        quant_gemm._int_gemv_kernel = _gemv_staged  # the same arguments and STAGES; `int_gemm` looks it up when called
     settings['gemv_kernel'] = a.gemv_kernel
     if a.fp8_kernel == 'swap':
         from fp8_rows_ab import _fp8_swap_kernel
