@@ -1,17 +1,21 @@
-"""Float8 products of few rows: chapter 15g's `_fp8_gemm_kernel` (x @ w.T) against the same kernel with its
-operands swapped (`_fp8_swap_kernel` here: the weight's features are the dot's M, the rows its N), in one process
-on the GPU. At 16 rows a tile the committed dot is too small for Hopper's float8 warp-group instruction: compiled for
-sm_90, its K loop converts every float8 value to float16 (`F2FP`, 64 an iteration of a thread) and multiplies on the
-Ampere-style `HMMA`. Swapped, the loop is float8 `QGMMA` with no conversion (`--sass`, no GPU needed).
+"""Float8 products of few rows: chapter 15g's `_fp8_gemm_kernel`, which computes `w @ x.T` (the weight's features are
+the dot's M, the rows its N), against the same kernel written the plain way, `x @ w.T` (`_fp8_plain_kernel` here, the
+chapter's kernel until 2026-12-08), in one process on the GPU. At 16 rows a tile the plain dot is too small for
+Hopper's float8 warp-group instruction: compiled for sm_90, its K loop converts every float8 value to float16 (`F2FP`,
+64 an iteration of a thread) and multiplies on the Ampere-style `HMMA`. Swapped, the loop is float8 `QGMMA` with no
+conversion (`--sass`, no GPU needed).
 
 Each variant is checked against `torch._scaled_mm` on fresh random inputs (the chapter's odd shapes too), then a
 decoder layer's four products of the Llama-3.1-8B shape (per-token activation scales, the quantization of x
 included) are timed at 1, 8, 16 and 32 rows as `quant_gemm_bench.py` times them (CUDA-graph replays over weight
-copies that miss L2), beside bf16 and `torch._scaled_mm`, with a few launches of the swapped kernel.
+copies that miss L2), beside bf16 and `torch._scaled_mm`, with a few other launches of the committed kernel.
 
     python kernels/fp8_rows_ab.py [--no-grid] [--out DIR]   # GPU: fp8_rows_ab.csv, fp8_rows_pick.json, fp8_dot_rows.txt
     python kernels/fp8_rows_ab.py --sass                    # CPU: the K loop of both kernels in sm_90 machine code
     python kernels/fp8_rows_ab.py --smoke                   # CPU, Triton's interpreter: both kernels on small shapes
+
+(Until 2026-12-08 the roles were the other way round: the committed kernel was the plain one, and this file held the
+swapped one as the candidate; results/quant/h100/MANIFEST.md has both runs.)
 """
 import argparse
 import collections
@@ -38,52 +42,52 @@ ROWS = (1, 8, 16, 32)
 
 
 @triton.jit
-def _fp8_swap_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
-                     stride_om,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """`_fp8_gemm_kernel` with the operands swapped: acc (BLOCK_N, BLOCK_M) = w (BLOCK_N, K) @ x.T, so that the
-    weight's features fill the warp-group dot's 64 rows and the few rows of x its N."""
+def _fp8_plain_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
+                      stride_om,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    "`_fp8_gemm_kernel` written the plain way: acc (BLOCK_M, BLOCK_N) = x (BLOCK_M, K) @ w.T."
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_split = K // SPLIT_K
     for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)
         w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=rn[:, None] < N, other=0.0,
                     eviction_policy='evict_first')
-        acc = tl.dot(w, tl.trans(x), acc)
+        acc = tl.dot(x, tl.trans(w), acc)
     xs = tl.load(xs_ptr + rm, mask=rm < M, other=0.0)
     ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
-    y = tl.trans(acc * ws[:, None] * xs[None, :])
+    y = acc * xs[:, None] * ws[None, :]
     keep = (rm[:, None] < M) & (rn[None, :] < N)
     tile = pid_m * tl.num_programs(1) + pid_n
     _split_store(out_ptr, part_ptr, lock_ptr, y, rm[:, None] * stride_om + rn[None, :], rm[:, None] * N + rn[None, :],
                  keep, tile, pid_k, M * N, SPLIT_K)
 
 
-GRID = [  # (block_n, block_k, programs, num_stages) of the swapped kernel, 4 warps; its default: (64, 128, 264, 3)
-    (64, 256, 264, 4), (128, 128, 264, 4), (128, 256, 264, 4), (64, 128, 528, 4), (64, 128, 132, 4)]
+GRID = [  # (block_n, block_k, programs, num_stages) of the committed kernel, 4 warps; its default: (64, 128, 132, 4)
+    (64, 256, 264, 4), (64, 128, 264, 3), (64, 128, 528, 4)]
+PLAIN_LAUNCH = dict(programs=264, num_stages=3)  # the plain kernel's launch when it was committed
 
 
-def swapped(x, w, ws, config=None):
-    "x (M, K) bf16 @ the float8 weight w (N, K) with feature scales ws (N,): x quantized per row, the swapped kernel."
+def plain(x, w, ws, config=None):
+    "x (M, K) bf16 @ the float8 weight w (N, K) with feature scales ws (N,): x quantized per row, the plain kernel."
     M, K = x.shape
     N = w.shape[0]
     x8, xs = quantize_fp8_rows_triton(x)
-    c = config or fp8_gemm_config(M, N, K)
+    c = config or fp8_gemm_config(M, N, K, **PLAIN_LAUNCH)
     grid = (triton.cdiv(M, c['BLOCK_M']), triton.cdiv(N, c['BLOCK_N']), c['SPLIT_K'])
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part, locks = split_buffers(M, N, grid[0] * grid[1], c['SPLIT_K'], x.device)
-    _fp8_swap_kernel[grid](x8, w, xs, ws, out, part, locks, M, N, K, x8.stride(0), w.stride(0), out.stride(0), **c)
+    _fp8_plain_kernel[grid](x8, w, xs, ws, out, part, locks, M, N, K, x8.stride(0), w.stride(0), out.stride(0), **c)
     return out
 
 
-def committed(x, w, ws):
-    "The engine's way for few rows: x quantized per row, then `_fp8_gemm_kernel`."
+def committed(x, w, ws, config=None):
+    "The engine's way for few rows: x quantized per row, then `_fp8_gemm_kernel` (`w @ x.T`)."
     x8, xs = quantize_fp8_rows_triton(x)
-    return fp8_dot(x8, w, xs, ws, x.dtype)
+    return fp8_dot(x8, w, xs, ws, x.dtype, config)
 
 
 def scaled_mm(x, w, ws):
@@ -94,11 +98,11 @@ def scaled_mm(x, w, ws):
 def methods(x, w, ws, grid=True) -> dict:
     M, K = x.shape
     N = w.shape[0]
-    calls = {'fp8 committed': lambda: committed(x, w, ws), 'fp8 swapped': lambda: swapped(x, w, ws),
+    calls = {'fp8 committed': lambda: committed(x, w, ws), 'fp8 x @ w.T': lambda: plain(x, w, ws),
              'fp8 torch._scaled_mm': lambda: scaled_mm(x, w, ws)}
     for bn, bk, pr, st in GRID if grid else []:
-        c = dict(fp8_gemm_config(M, N, K, block_n=bn, block_k=bk, programs=pr), num_stages=st)
-        calls[f'swap BN{bn} BK{bk} P{pr} st{st}'] = lambda c=c: swapped(x, w, ws, c)
+        c = fp8_gemm_config(M, N, K, block_n=bn, block_k=bk, programs=pr, num_stages=st)
+        calls[f'launch BN{bn} BK{bk} P{pr} st{st}'] = lambda c=c: committed(x, w, ws, c)
     return calls
 
 
@@ -117,8 +121,8 @@ def smoke() -> list:
         x = torch.randn(M, K, dtype=torch.bfloat16)
         x8, xs = quantize_fp8_rows_triton(x)
         want = (x8.float() @ w.float().T) * xs * ws[None, :]
-        for name, got in [('committed', committed(x, w, ws)), ('swapped', swapped(x, w, ws)),
-                          ('swapped, one program a tile', swapped(x, w, ws, fp8_gemm_config(M, N, K, programs=1)))]:
+        for name, got in [('committed', committed(x, w, ws)), ('x @ w.T', plain(x, w, ws)),
+                          ('committed, one program a tile', committed(x, w, ws, fp8_gemm_config(M, N, K, programs=1)))]:
             err = ((got.float() - want).abs().max() / want.abs().max()).item()
             if err > 1e-2:
                 failures.append(f'{M}x{N}x{K} {name}: rel err {err:.3g}')
@@ -126,14 +130,14 @@ def smoke() -> list:
 
 
 def sass():
-    "The K loop of the committed and the swapped kernel at 16 rows a tile, compiled for sm_90 on this computer."
+    "The K loop of the plain and the committed (swapped) kernel at 16 rows a tile, compiled for sm_90 on this computer."
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from sass_census import NVDISASM, inner_loop
     sig = {'x_ptr': '*fp8e4nv', 'w_ptr': '*fp8e4nv', 'xs_ptr': '*fp32', 'ws_ptr': '*fp32', 'out_ptr': '*bf16',
            'part_ptr': '*fp32', 'lock_ptr': '*i32', 'M': 'i32', 'N': 'i32', 'K': 'i32', 'stride_xm': 'i32',
            'stride_wn': 'i32', 'stride_om': 'i32'}
-    for fn, bn in ((_fp8_gemm_kernel, 64), (_fp8_swap_kernel, 64), (_fp8_swap_kernel, 128)):
+    for fn, bn in ((_fp8_plain_kernel, 64), (_fp8_gemm_kernel, 64), (_fp8_gemm_kernel, 128)):
         const = dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=4)
         attrs = {(i,): [['tt.divisibility', 16]] for i in range(13) if i != 7}  # (M, the row count, is any number)
         k = triton.compile(ASTSource(fn, dict(sig, **{c: 'constexpr' for c in const}), const, attrs),
@@ -179,7 +183,7 @@ def main():
         x = torch.randn(M, K, device='cuda', dtype=torch.bfloat16)
         want = scaled_mm(x, w, ws).float()
         for config in [None, fp8_gemm_config(M, N, K, block_n=32, programs=1)]:
-            err = ((swapped(x, w, ws, config).float() - want).abs().max() / want.abs().max()).item()
+            err = ((committed(x, w, ws, config).float() - want).abs().max() / want.abs().max()).item()
             if err > 1e-2:
                 failures.append(f'{M}x{N}x{K} {config}: rel err {err:.3g}')
     print('checked every variant against torch._scaled_mm; failures:', len(failures), *failures[:20], sep='\n',
@@ -208,21 +212,21 @@ def main():
             if r['M'] == M:
                 us[r['method']] = us.get(r['method'], 0) + r['us']
         best = sorted(us.items(), key=lambda kv: kv[1])
-        print(f'M={M:3d} bf16 {us["bf16"]:.1f}  committed {us["fp8 committed"]:.1f}  scaled_mm '
-              f'{us["fp8 torch._scaled_mm"]:.1f}  fastest: ' + '; '.join(f'{k} {v:.1f}' for k, v in best[:3]),
+        print(f'M={M:3d} bf16 {us["bf16"]:.1f}  committed {us["fp8 committed"]:.1f}  x @ w.T {us["fp8 x @ w.T"]:.1f}  '
+              f'scaled_mm {us["fp8 torch._scaled_mm"]:.1f}  fastest: ' + '; '.join(f'{k} {v:.1f}' for k, v in best[:3]),
               flush=True)
-        swap = min((kv for kv in best if kv[0].startswith(('swap B', 'fp8 swapped'))), key=lambda kv: kv[1])
+        swap = min((kv for kv in best if kv[0].startswith(('launch B', 'fp8 committed'))), key=lambda kv: kv[1])
         picks[M] = dict(method=swap[0], us=round(swap[1], 2))
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / 'fp8_rows_pick.json').write_text(json.dumps(picks, indent=1) + '\n')
-    dot_rows = 0  # the most rows up to which the swapped kernel is at least as fast as torch._scaled_mm
+    dot_rows = 0  # the most rows up to which the committed kernel is at least as fast as torch._scaled_mm
     for M in ROWS:
         layer = {m: sum(r['us'] for r in rows if r['M'] == M and r['method'] == m)
-                 for m in ('fp8 swapped', 'fp8 torch._scaled_mm')}
-        if layer['fp8 swapped'] > layer['fp8 torch._scaled_mm']:
+                 for m in ('fp8 committed', 'fp8 torch._scaled_mm')}
+        if layer['fp8 committed'] > layer['fp8 torch._scaled_mm']:
             break
         dot_rows = M
-    print('FP8_DOT_ROWS for the swapped kernel, from these rows:', dot_rows, flush=True)
+    print('FP8_DOT_ROWS for the committed kernel, from these rows:', dot_rows, flush=True)
     (Path(a.out) / 'fp8_dot_rows.txt').write_text(f'{dot_rows}\n')
     write_rows(rows, Path(a.out) / 'fp8_rows_ab.csv', ROWS)
 

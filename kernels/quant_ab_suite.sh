@@ -1,13 +1,13 @@
 #!/bin/bash
 # The candidate quantized kernels on a GPU in one call, each step under its own time limit, outputs packed into one
 # archive (a device call returns 8 files at most):
-#   1. kernels/fp8_rows_ab.py: the swapped float8 kernel against the committed one and torch._scaled_mm (checks,
-#      then 1-32 rows), and the row count up to which it beats torch._scaled_mm (fp8_dot_rows.txt);
+#   1. kernels/fp8_rows_ab.py: the float8 kernel for few rows (w @ x.T) against its plain form (x @ w.T) and
+#      torch._scaled_mm (checks, then 1-32 rows), and the row count up to which it beats torch._scaled_mm;
 #   2. kernels/gemv_row_ab.py --grid: the int4 row kernel with its K loop pipelined (Triton), and its launches;
 #   3. the engine's GPTQ batch-1 step, with and without the output layer quantized, as committed and with the
 #      pipelined row kernel at the grid's launches;
-#   4. the engine: bf16 and fp8 as committed, then fp8 with the swapped kernel up to the row count of 1 (batch 1 and
-#      256, 256 sharegpt-like requests).
+#   4. the engine: bf16 and fp8 as committed, then fp8 with the plain kernel up to 8 rows, as committed until
+#      2026-12-08 (batch 1 and 256, 256 sharegpt-like requests).
 # The kernel A/Bs come first: with little time left, the engine runs are the ones skipped.
 # TOK: a folder of the default model's config.json and tokenizer. ARCHIVE: where the packed outputs go.
 #   bash kernels/quant_ab_suite.sh OUTDIR TOK ARCHIVE [SECONDS]
@@ -47,7 +47,6 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/car
 step fp8_rows_ab 120 python kernels/fp8_rows_ab.py --no-grid --out "$OUT"
 grep -E -A3 'failures' "$OUT/fp8_rows_ab.log" 2>/dev/null | head -5
 grep -E -A4 'fastest of each|FP8_DOT_ROWS' "$OUT/fp8_rows_ab.log" 2>/dev/null
-ROWS=$(cat "$OUT/fp8_dot_rows.txt" 2>/dev/null || echo 8)
 step gemv_row_ab 110 python kernels/gemv_row_ab.py --grid --out "$OUT"
 grep -E -A1 'failures' "$OUT/gemv_row_ab.log" 2>/dev/null | head -3
 grep -E -A4 'fastest launches' "$OUT/gemv_row_ab.log" 2>/dev/null
@@ -56,6 +55,6 @@ LAUNCH=()
 [ -f "$OUT/gemv_launch.json" ] && LAUNCH=(--gemv-launch "$OUT/gemv_launch.json")
 engine e_int_staged 60 --methods gptq,gptq-lm-head --batch-sizes 1 --requests 0 --gemv-kernel staged "${LAUNCH[@]}"
 engine e_fp8 100 --methods bf16,fp8 --batch-sizes 1,256 --requests 256
-engine e_fp8_swap 60 --methods fp8 --batch-sizes 1,256 --requests 256 --fp8-kernel swap --fp8-dot-rows "$ROWS"
+engine e_fp8_plain 60 --methods fp8 --batch-sizes 1,256 --requests 256 --fp8-kernel plain --fp8-dot-rows 8
 tar czf "$ARCHIVE" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 echo "packed $(du -h "$ARCHIVE" | cut -f1) into $ARCHIVE after $((SECONDS - START)) s"

@@ -156,8 +156,9 @@ def main():
                    help="staged: kernels/gemv_row_ab.py's `_gemv_staged` in place of the row kernel, for this run")
     p.add_argument('--gemv-launch', help="gemv_launch.json of kernels/gemv_row_ab.py --grid: the row kernel's launch "
                    'for each (N, K) it lists, for this run')
-    p.add_argument('--fp8-kernel', choices=['committed', 'swap'], default='committed',
-                   help="swap: kernels/fp8_rows_ab.py's `_fp8_swap_kernel` (w @ x.T) for `_fp8_gemm_kernel`")
+    p.add_argument('--fp8-kernel', choices=['committed', 'plain'], default='committed',
+                   help="plain: kernels/fp8_rows_ab.py's `_fp8_plain_kernel` (x @ w.T, as committed until 2026-12-08) "
+                   "for `_fp8_gemm_kernel`, at its launch of then")
     p.add_argument('--fp8-dot-rows', type=int, help='quant_gemm.FP8_DOT_ROWS for this run')
     p.add_argument('--int-tiles', help="int_tiles.json of kernels/quant_tile_sweep.py: quant_gemm.INT_TILES for this "
                    "run (a pick for a row count comes before the whole weight unpacked, as in int_gemm)")
@@ -174,9 +175,10 @@ def main():
         from gemv_row_ab import _gemv_staged  # (kernels/ is on the path)
         quant_gemm._int_gemv_kernel = _gemv_staged  # the same arguments and STAGES; `int_gemm` looks it up when called
     settings['gemv_kernel'] = a.gemv_kernel
-    if a.fp8_kernel == 'swap':
-        from fp8_rows_ab import _fp8_swap_kernel
-        quant_gemm._fp8_gemm_kernel = _fp8_swap_kernel  # the same arguments; `fp8_dot` looks it up when called
+    if a.fp8_kernel == 'plain':
+        from fp8_rows_ab import PLAIN_LAUNCH, _fp8_plain_kernel
+        quant_gemm._fp8_gemm_kernel = _fp8_plain_kernel  # the same arguments; `fp8_dot` looks it up when called
+        quant_gemm.fp8_gemm_config = partial(quant_gemm.fp8_gemm_config, **PLAIN_LAUNCH)
     settings['fp8_kernel'] = a.fp8_kernel
     if a.gemv_launch:
         picks = json.loads(Path(a.gemv_launch).read_text())

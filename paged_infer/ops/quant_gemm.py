@@ -353,7 +353,7 @@ def split_buffers(M: int, N: int, tiles: int, split: int, device) -> tuple:
 
 
 # %% ../../nbs/15g_quant_gemm.ipynb #7b0283c5
-FP8_DOT_ROWS = 8  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
+FP8_DOT_ROWS = 32  # up to this many rows, float8 products go through `_fp8_gemm_kernel`, not torch._scaled_mm
 FP8_BLOCK_K = 128  # `_fp8_gemm_kernel`'s K tiles: unmasked, so K must be a multiple of them
 
 # %% ../../nbs/15g_quant_gemm.ipynb #257a6ae8
@@ -388,36 +388,39 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple:
 def _fp8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, stride_wn,
                      stride_om,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    "x8 (M, K) @ w8 (N, K).T on float8 tensor cores, times the row and feature scales: for few rows, K split."
+    """x8 (M, K) @ w8 (N, K).T on float8 tensor cores, times the row and feature scales: for few rows, K split.
+    Computed as (w8 @ x8.T).T: the weight's features are the dot's rows and x's few rows its columns, the order in
+    which Hopper's float8 warp-group instruction takes a small operand (see the text)."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # features x rows
     k_split = K // SPLIT_K
     for k0 in range(pid_k * k_split, (pid_k + 1) * k_split, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=rm[:, None] < M, other=0.0)
         w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=rn[:, None] < N, other=0.0,
                     eviction_policy='evict_first')
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(w, tl.trans(x), acc)
     xs = tl.load(xs_ptr + rm, mask=rm < M, other=0.0)
     ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
-    y = acc * xs[:, None] * ws[None, :]
+    y = tl.trans(acc * ws[:, None] * xs[None, :])  # rows x features
     keep = (rm[:, None] < M) & (rn[None, :] < N)
     tile = pid_m * tl.num_programs(1) + pid_n
     _split_store(out_ptr, part_ptr, lock_ptr, y, rm[:, None] * stride_om + rn[None, :], rm[:, None] * N + rn[None, :],
                  keep, tile, pid_k, M * N, SPLIT_K)
 
 
-def fp8_gemm_config(M: int, N: int, K: int, block_n: int = 64, block_k: int = FP8_BLOCK_K, programs: int = 264,
-                    num_warps: int = 4) -> dict:
-    "Tiles and K split of `_fp8_gemm_kernel`: K split until the grid has `programs` programs (2 an H200 SM)."
+def fp8_gemm_config(M: int, N: int, K: int, block_n: int = 64, block_k: int = FP8_BLOCK_K, programs: int = 132,
+                    num_warps: int = 4, num_stages: int = 4) -> dict:
+    "Tiles and K split of `_fp8_gemm_kernel`: K split until the grid has `programs` programs (one an H100 or H200 SM)."
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     split = 1
     while tiles * split < programs and K % (block_k * split * 2) == 0 and K // (split * 2) >= 2 * block_k:
         split *= 2
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=num_warps,
+                num_stages=num_stages)
 
 
 def fp8_dot(x8: torch.Tensor, w8: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, dtype: torch.dtype,
